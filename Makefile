@@ -1,0 +1,80 @@
+# l4lb build, test and install.
+#
+#   make            build bin/l4lbd and bin/l4lbctl
+#   make generate   recompile the BPF C with clang-19 and regenerate the Go bindings
+#   make test       every test, privileged ones included (run as root; CI runs this)
+#   make lint       go vet + staticcheck
+#   make demo       the demo topology in network namespaces (root)
+#   make bench      benchmarks, each next to its baseline
+#   make install    binaries, systemd units and /etc/l4lb/l4lb.toml
+
+GO        ?= go
+PREFIX    ?= /usr/local
+DESTDIR   ?=
+BIN       := bin
+VERSION   ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
+LDFLAGS   := -X github.com/l4lb/l4lb/lb/daemon.Version=$(VERSION)
+MULTIARCH := $(shell gcc -print-multiarch 2>/dev/null || dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null)
+
+# bpf/gen.go passes these to clang through bpf2go. The multiarch include
+# directory provides <asm/types.h> for the UAPI headers.
+export BPF_CFLAGS := -O2 -g -Wall -Werror -I/usr/include/$(MULTIARCH)
+
+# Generated BPF artefacts, committed and checked by `make check-generate`.
+GENERATED := $(wildcard bpf/*_bpfel.go bpf/*_bpfel.o)
+
+# Test settings: privileged tests fail instead of skipping when not root.
+export L4LB_PRIVILEGED_TESTS := 1
+TESTFLAGS ?= -count=1 -timeout 30m
+
+.PHONY: all build generate check-generate test test-unit lint demo bench install uninstall clean
+
+all: build
+
+build:
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/l4lbd ./cmd/l4lbd
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/l4lbctl ./cmd/l4lbctl
+
+generate:
+	cd bpf && $(GO) generate ./...
+
+# Regenerating from the committed C must reproduce the committed objects
+# byte for byte; otherwise someone changed C without regenerating.
+check-generate:
+	@sum() { sha256sum $(GENERATED); }; before=$$(sum); \
+	$(MAKE) --no-print-directory generate >/dev/null; \
+	after=$$(sum); \
+	if [ "$$before" != "$$after" ]; then \
+		echo "generated BPF files were stale (C changed without make generate); regenerated:"; \
+		git --no-pager diff --stat -- bpf/ 2>/dev/null; exit 1; fi; \
+	echo "check-generate: BPF objects match their sources"
+
+test: check-generate build
+	$(GO) vet ./...
+	$(GO) test $(TESTFLAGS) ./...
+
+lint:
+	$(GO) vet ./...
+	$(GO) tool staticcheck ./...
+
+demo: build
+	$(GO) run ./tests/demo -l4lbd $(BIN)/l4lbd -config etc/examples/demo.toml
+
+bench:
+	$(GO) run ./tests/bench
+
+install: build
+	install -D -m 0755 $(BIN)/l4lbd $(DESTDIR)$(PREFIX)/sbin/l4lbd
+	install -D -m 0755 $(BIN)/l4lbctl $(DESTDIR)$(PREFIX)/bin/l4lbctl
+	install -D -m 0644 systemd/l4lb.service $(DESTDIR)/etc/systemd/system/l4lb.service
+	install -D -m 0644 systemd/l4lb-backend.service $(DESTDIR)/etc/systemd/system/l4lb-backend.service
+	@if [ -e $(DESTDIR)/etc/l4lb/l4lb.toml ]; then \
+		echo "keeping existing $(DESTDIR)/etc/l4lb/l4lb.toml"; \
+	else install -D -m 0640 etc/l4lb.toml $(DESTDIR)/etc/l4lb/l4lb.toml; fi
+
+uninstall:
+	rm -f $(DESTDIR)$(PREFIX)/sbin/l4lbd $(DESTDIR)$(PREFIX)/bin/l4lbctl \
+		$(DESTDIR)/etc/systemd/system/l4lb.service $(DESTDIR)/etc/systemd/system/l4lb-backend.service
+
+clean:
+	rm -rf $(BIN)
