@@ -1,0 +1,296 @@
+// SPDX-License-Identifier: Apache-2.0
+
+// Package config owns the daemon's configuration: it turns the raw bytes of
+// l4lb.toml into a validated model, and nothing else. It sits at the very
+// start of the data flow. l4lbd parses the file at startup and on SIGHUP,
+// `l4lbctl config check` parses it to report problems, the file discovery
+// source takes the services from it, and the Consul source parses single
+// service definitions with ParseService.
+//
+// Parsing is a pure function of the input: no file system, network or
+// interface lookups happen here, so the same bytes always give the same
+// answer on every box and in tests. TOML types stay inside the package;
+// callers get lb model types.
+//
+// Bad input must never reach the kernel, so validation is exhaustive: every
+// problem is reported (not only the first), each with the file and line to
+// edit and, inside a service, which service and backend it concerns. The
+// result is either a complete *Config or an ErrorList, never both.
+package config
+
+import (
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"reflect"
+	"time"
+
+	"github.com/l4lb/l4lb/lb"
+	"github.com/l4lb/l4lb/lb/maglev"
+)
+
+// CurrentVersion is the config schema version this package reads. A file
+// without `version` is taken to be this version; any other version is
+// refused rather than guessed at.
+const CurrentVersion = 1
+
+// Options changes how strictly a config is checked.
+type Options struct {
+	// Dev allows a config without maglev.hash_seed: DevSeed is used instead
+	// and Config.Maglev.DevSeed is set so the daemon can say so loudly. For
+	// demos and tests on a single box only.
+	Dev bool
+}
+
+// DevSeed is the hash seed used when Options.Dev is set and the config has
+// none. It is public, fixed and therefore not secret: anyone can predict
+// which backend a flow gets. Use it only for demos and tests.
+var DevSeed = maglev.Seed([]byte("l4lb-dev-seed-00"))
+
+// Defaults applied when a key is absent. Their values are part of the
+// documented contract (etc/l4lb.toml repeats them).
+const (
+	defaultAdminSocket     = "/run/l4lb/l4lb.sock"
+	defaultMetricsListen   = "127.0.0.1:9842"
+	defaultBPFFS           = "/sys/fs/bpf/l4lb"
+	defaultSNATPortMin     = 32768
+	defaultSNATPortMax     = 60999
+	defaultConntrackMax    = 1 << 20
+	minConntrackMax        = 1024
+	defaultMaxServices     = 4096
+	defaultMaxBackends     = 65536
+	defaultTableSize       = 16381
+	defaultAffinityTimeout = 3 * time.Hour
+	defaultHealthInterval  = 5 * time.Second
+	defaultHealthTimeout   = 2 * time.Second
+	defaultHealthRise      = 2
+	defaultHealthFall      = 3
+	defaultHealthPath      = "/"
+	defaultHealthStatus    = 200
+	defaultConsulAddress   = "127.0.0.1:8500"
+	defaultConsulTag       = "l4lb"
+	defaultConsulKVPrefix  = "l4lb/services/"
+	defaultK8sClass        = "l4lb.io/l4lb"
+)
+
+// Config is a validated daemon configuration.
+type Config struct {
+	// Version is the schema version the file declared (or CurrentVersion).
+	Version  int
+	Daemon   Daemon
+	Datapath Datapath
+	Maglev   Maglev
+	// Services are the services defined in the file, in file order, with
+	// Source "file:<name>". Unset overrides stay ModeDefault, DispatchDefault
+	// and TableSize 0 so that a change of the global default is seen as
+	// such; resolve them with Service.WithDefaults(c.Defaults()).
+	Services []lb.Service
+	// Consul is nil when [discovery.consul] is absent: the source is off.
+	Consul *Consul
+	// Kubernetes is nil when [discovery.kubernetes] is absent: the source
+	// is off.
+	Kubernetes *Kubernetes
+}
+
+// Daemon holds the settings of the l4lbd process itself.
+type Daemon struct {
+	// AdminSocket is the unix socket of the admin API that l4lbctl uses.
+	AdminSocket string
+	// MetricsListen are the host:port addresses serving Prometheus
+	// metrics; empty turns metrics off.
+	MetricsListen []string
+	// BPFFS is the bpffs directory where maps and links are pinned so they
+	// survive a daemon restart.
+	BPFFS string
+	// LogLevel is the minimum level logged.
+	LogLevel slog.Level
+}
+
+// Attach is the kernel hook the load-balancer program runs at.
+type Attach uint8
+
+// Attach points. XDP is the default because it sees packets before the
+// stack allocates anything; tc is for drivers or setups where XDP cannot
+// attach.
+const (
+	AttachXDP Attach = iota
+	AttachTC
+)
+
+// String returns the config name of the attach point.
+func (a Attach) String() string {
+	switch a {
+	case AttachXDP:
+		return "xdp"
+	case AttachTC:
+		return "tc"
+	}
+	return fmt.Sprintf("attach-%d", uint8(a))
+}
+
+// XDPMode is how an XDP program is attached to a driver.
+type XDPMode uint8
+
+// XDP attach modes. Auto, the zero value, tries native (driver) mode and
+// falls back to generic (skb) mode when the driver has no XDP support.
+const (
+	XDPAuto XDPMode = iota
+	XDPNative
+	XDPGeneric
+)
+
+// String returns the config name of the XDP mode.
+func (m XDPMode) String() string {
+	switch m {
+	case XDPAuto:
+		return "auto"
+	case XDPNative:
+		return "native"
+	case XDPGeneric:
+		return "generic"
+	}
+	return fmt.Sprintf("xdp-mode-%d", uint8(m))
+}
+
+// Datapath holds the settings of the eBPF datapath.
+type Datapath struct {
+	// Interfaces are the interfaces the program attaches to; never empty
+	// in a parsed config.
+	Interfaces []string
+	Attach     Attach
+	// XDPMode only matters when Attach is AttachXDP.
+	XDPMode XDPMode
+	// Mode and Dispatch are the defaults of services that set none.
+	Mode     lb.Mode
+	Dispatch lb.Dispatch
+	// SNATAddresses are the source addresses of SNAT-ed packets; empty
+	// means the primary address of each interface.
+	SNATAddresses []netip.Addr
+	// SNATPortMin and SNATPortMax bound the source ports allocated for
+	// SNAT, inclusive.
+	SNATPortMin, SNATPortMax uint16
+	// ConntrackMax is the capacity of the connection table.
+	ConntrackMax uint32
+	// MaxServices and MaxBackends are the capacities of the service and
+	// backend maps, shared by all discovery sources.
+	MaxServices uint32
+	MaxBackends uint32
+}
+
+// Maglev holds the consistent-hashing settings shared by every LB box.
+type Maglev struct {
+	// Seed keys both the backend permutations and the flow hash; every box
+	// must use the same one.
+	Seed maglev.Seed
+	// DevSeed is true when Seed is DevSeed because the config had none and
+	// Options.Dev allowed that.
+	DevSeed bool
+	// TableSize is the default Maglev table size (a prime).
+	TableSize uint32
+}
+
+// Consul holds the settings of the Consul discovery source.
+type Consul struct {
+	// Address is the host:port of the Consul agent's HTTP API.
+	Address string
+	// Tag marks the Consul service instances that are l4lb backends.
+	Tag string
+	// KVPrefix is where whole service definitions are stored in the KV
+	// store, one key per service (parsed with ParseService).
+	KVPrefix string
+	// TokenFile holds the ACL token; empty means no token.
+	TokenFile  string
+	Datacenter string
+	// Stale allows any Consul server to answer reads, so discovery keeps
+	// working while the cluster has no leader.
+	Stale bool
+	// TLS settings for the agent connection; all empty means plain HTTP.
+	TLSCAFile     string
+	TLSCertFile   string
+	TLSKeyFile    string
+	TLSServerName string
+	// WarningState is what an instance whose checks are in the warning
+	// state becomes: lb.Active or lb.Draining.
+	WarningState lb.BackendState
+	// RegisterSelf registers this LB box as a Consul service.
+	RegisterSelf bool
+}
+
+// Kubernetes holds the settings of the Kubernetes discovery source.
+type Kubernetes struct {
+	// Kubeconfig is the path of a kubeconfig file; empty means the
+	// in-cluster configuration.
+	Kubeconfig string
+	// LoadBalancerClass selects the LoadBalancer Services this box serves.
+	LoadBalancerClass string
+}
+
+// Default returns a configuration holding every default: no services, no
+// discovery source, no interfaces and no hash seed, so it is a starting
+// point rather than something l4lbd can run with.
+func Default() *Config {
+	return &Config{
+		Version: CurrentVersion,
+		Daemon: Daemon{
+			AdminSocket:   defaultAdminSocket,
+			MetricsListen: []string{defaultMetricsListen},
+			BPFFS:         defaultBPFFS,
+			LogLevel:      slog.LevelInfo,
+		},
+		Datapath: Datapath{
+			Attach:       AttachXDP,
+			XDPMode:      XDPAuto,
+			Mode:         lb.ModeSNAT,
+			Dispatch:     lb.DispatchIPIP,
+			SNATPortMin:  defaultSNATPortMin,
+			SNATPortMax:  defaultSNATPortMax,
+			ConntrackMax: defaultConntrackMax,
+			MaxServices:  defaultMaxServices,
+			MaxBackends:  defaultMaxBackends,
+		},
+		Maglev: Maglev{TableSize: defaultTableSize},
+	}
+}
+
+// Defaults returns what a service inherits when it does not override it.
+func (c *Config) Defaults() lb.Defaults {
+	return lb.Defaults{
+		Mode:      c.Datapath.Mode,
+		Dispatch:  c.Datapath.Dispatch,
+		TableSize: c.Maglev.TableSize,
+	}
+}
+
+// Parse parses and validates a config file's contents. name is used in
+// error locations and in each service's Source. On failure the error is an
+// ErrorList with every problem found, sorted by line.
+func Parse(name string, data []byte, opts Options) (*Config, error) {
+	c := &checker{file: name}
+	var raw rawFile
+	strict, ok := c.decodeTOML(data, &raw)
+	if !ok {
+		return nil, c.errs
+	}
+	if !c.version(raw.Version) {
+		// The rest of a file written for another schema would only produce
+		// misleading errors.
+		return nil, c.errs
+	}
+	c.addStrict(strict, raw.Service, reflect.TypeOf(raw), true)
+	cfg := c.config(&raw, opts)
+	if len(c.errs) > 0 {
+		c.errs.sortByLine()
+		return nil, c.errs
+	}
+	return cfg, nil
+}
+
+// Load reads and parses the config file at path.
+func Load(path string, opts Options) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("cannot read config file: %w (check the --config path and its permissions)", err)
+	}
+	return Parse(path, data, opts)
+}

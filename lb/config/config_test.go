@@ -1,0 +1,531 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package config
+
+import (
+	"errors"
+	"log/slog"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/l4lb/l4lb/lb"
+	"github.com/l4lb/l4lb/lb/maglev"
+)
+
+// netipComparers lets go-cmp compare the netip types, whose fields are
+// unexported; == is their documented equality.
+var netipComparers = cmp.Options{
+	cmp.Comparer(func(a, b netip.Addr) bool { return a == b }),
+	cmp.Comparer(func(a, b netip.AddrPort) bool { return a == b }),
+	cmp.Comparer(func(a, b netip.Prefix) bool { return a == b }),
+}
+
+const testSeedHex = "00112233445566778899aabbccddeeff"
+
+var testSeed = maglev.Seed{0x00, 0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88, 0x99, 0xaa, 0xbb, 0xcc, 0xdd, 0xee, 0xff}
+
+// head is the smallest valid config; cases append to it.
+const head = `
+[datapath]
+interfaces = ["eth0"]
+
+[maglev]
+hash_seed = "00112233445566778899aabbccddeeff"
+`
+
+// base is what Parse returns for head alone.
+func base() *Config {
+	c := Default()
+	c.Datapath.Interfaces = []string{"eth0"}
+	c.Maglev.Seed = testSeed
+	return c
+}
+
+func addr(s string) netip.Addr     { return netip.MustParseAddr(s) }
+func ap(s string) netip.AddrPort   { return netip.MustParseAddrPort(s) }
+func prefix(s string) netip.Prefix { return netip.MustParsePrefix(s) }
+func fe(a string, port uint16, p lb.Protocol) lb.Frontend {
+	return lb.Frontend{Addr: addr(a), Port: port, Proto: p}
+}
+
+func TestParseValid(t *testing.T) {
+	tests := []struct {
+		name string
+		opts Options
+		doc  string
+		want func() *Config
+	}{
+		{
+			name: "minimal",
+			doc:  head,
+			want: base,
+		},
+		{
+			name: "every global key",
+			doc: `
+version = 1
+[daemon]
+admin_socket = "/run/l4lb//admin.sock"
+metrics_listen = ["127.0.0.1:9842", "[::1]:9842", ":9843"]
+bpffs = "/sys/fs/bpf/lb/"
+log_level = "debug"
+[datapath]
+interfaces = ["eth0", "eth1"]
+attach = "tc"
+xdp_mode = "auto"
+mode = "hybrid"
+dsr_dispatch = "geneve"
+snat_addresses = ["10.1.0.1", "2001:db8:1::1"]
+snat_port_range = "40000-50000"
+conntrack_max = 2048
+max_services = 10
+max_backends = 20
+[maglev]
+hash_seed = "00112233445566778899AABBCCDDEEFF"
+table_size = 251
+`,
+			want: func() *Config {
+				c := base()
+				c.Daemon = Daemon{
+					AdminSocket:   "/run/l4lb/admin.sock",
+					MetricsListen: []string{"127.0.0.1:9842", "[::1]:9842", ":9843"},
+					BPFFS:         "/sys/fs/bpf/lb",
+					LogLevel:      slog.LevelDebug,
+				}
+				c.Datapath = Datapath{
+					Interfaces:    []string{"eth0", "eth1"},
+					Attach:        AttachTC,
+					XDPMode:       XDPAuto,
+					Mode:          lb.ModeHybrid,
+					Dispatch:      lb.DispatchGeneve,
+					SNATAddresses: []netip.Addr{addr("10.1.0.1"), addr("2001:db8:1::1")},
+					SNATPortMin:   40000,
+					SNATPortMax:   50000,
+					ConntrackMax:  2048,
+					MaxServices:   10,
+					MaxBackends:   20,
+				}
+				c.Maglev.TableSize = 251
+				return c
+			},
+		},
+		{
+			name: "metrics off",
+			doc:  head + "[daemon]\nmetrics_listen = []\n",
+			want: func() *Config {
+				c := base()
+				c.Daemon.MetricsListen = nil
+				return c
+			},
+		},
+		{
+			name: "dev without seed",
+			opts: Options{Dev: true},
+			doc:  "[datapath]\ninterfaces = [\"lo\"]\n",
+			want: func() *Config {
+				c := Default()
+				c.Datapath.Interfaces = []string{"lo"}
+				c.Maglev.Seed, c.Maglev.DevSeed = DevSeed, true
+				return c
+			},
+		},
+		{
+			name: "dev with seed keeps it",
+			opts: Options{Dev: true},
+			doc:  head,
+			want: base,
+		},
+		{
+			name: "service defaults",
+			doc: head + `
+[[service]]
+name = "web"
+vip = "10.0.0.10"
+port = 80
+protocol = "TCP"
+[[service.backend]]
+address = "10.1.0.11"
+[[service.backend]]
+address = "10.1.0.12"
+port = 8080
+weight = 0
+state = "draining"
+`,
+			want: func() *Config {
+				c := base()
+				// Overrides stay unset so a change of the global default
+				// is visible to the reconciler as such.
+				c.Services = []lb.Service{{
+					Name:     "web",
+					Frontend: fe("10.0.0.10", 80, lb.TCP),
+					Backends: []lb.Backend{
+						{Addr: ap("10.1.0.11:80"), Weight: 1, State: lb.Active},
+						{Addr: ap("10.1.0.12:8080"), Weight: 0, State: lb.Draining},
+					},
+					Source: "file:test.toml",
+				}}
+				return c
+			},
+		},
+		{
+			name: "service with every key",
+			doc: head + `
+[[service]]
+name = "dns6.v2_x"
+vip = "2001:db8::53"
+port = 53
+protocol = "udp"
+mode = "dsr"
+dsr_dispatch = "opt"
+algorithm = "random"
+table_size = 509
+affinity = "client-ip"
+affinity_timeout = "90s"
+source_ranges = ["2001:db8:100::/48", "2001:db8:200::/48"]
+[service.health]
+type = "udp"
+port = 5300
+interval = "10s"
+timeout = "3s"
+rise = 5
+fall = 1
+send = "ping"
+expect = "pong"
+[[service.backend]]
+address = "2001:db8:1::11"
+port = 5353
+weight = 3
+state = "disabled"
+`,
+			want: func() *Config {
+				c := base()
+				c.Services = []lb.Service{{
+					Name:         "dns6.v2_x",
+					Frontend:     fe("2001:db8::53", 53, lb.UDP),
+					Mode:         lb.ModeDSR,
+					Dispatch:     lb.DispatchOpt,
+					TableSize:    509,
+					Algorithm:    lb.Random,
+					Affinity:     lb.Affinity{ClientIP: true, Timeout: 90 * time.Second},
+					SourceRanges: []netip.Prefix{prefix("2001:db8:100::/48"), prefix("2001:db8:200::/48")},
+					Health: lb.HealthCheck{
+						Type: lb.HealthUDP, Port: 5300, Interval: 10 * time.Second, Timeout: 3 * time.Second,
+						Rise: 5, Fall: 1, Send: "ping", Expect: "pong",
+					},
+					Backends: []lb.Backend{{Addr: ap("[2001:db8:1::11]:5353"), Weight: 3, State: lb.Disabled}},
+					Source:   "file:test.toml",
+				}}
+				return c
+			},
+		},
+		{
+			name: "health defaults",
+			doc: head + `
+[[service]]
+name = "a"
+vip = "10.0.0.10"
+port = 80
+protocol = "tcp"
+affinity = "client-ip"
+[service.health]
+type = "http"
+[[service]]
+name = "b"
+vip = "10.0.0.10"
+port = 81
+protocol = "tcp"
+affinity = "none"
+[service.health]
+type = "tcp"
+interval = "1s"
+[[service]]
+name = "c"
+vip = "10.0.0.10"
+port = 82
+protocol = "tcp"
+[service.health]
+type = "none"
+`,
+			want: func() *Config {
+				c := base()
+				c.Services = []lb.Service{
+					{
+						Name: "a", Frontend: fe("10.0.0.10", 80, lb.TCP),
+						Affinity: lb.Affinity{ClientIP: true, Timeout: 3 * time.Hour},
+						Health: lb.HealthCheck{Type: lb.HealthHTTP, Interval: 5 * time.Second, Timeout: 2 * time.Second,
+							Rise: 2, Fall: 3, Path: "/", ExpectStatus: 200},
+						Source: "file:test.toml",
+					},
+					{
+						Name: "b", Frontend: fe("10.0.0.10", 81, lb.TCP),
+						// The default timeout shrinks to a shorter interval.
+						Health: lb.HealthCheck{Type: lb.HealthTCP, Interval: time.Second, Timeout: time.Second, Rise: 2, Fall: 3},
+						Source: "file:test.toml",
+					},
+					{
+						Name: "c", Frontend: fe("10.0.0.10", 82, lb.TCP),
+						Source: "file:test.toml",
+					},
+				}
+				return c
+			},
+		},
+		{
+			name: "ports that DSR allows",
+			doc: `
+[datapath]
+interfaces = ["eth0"]
+mode = "hybrid"
+[maglev]
+hash_seed = "00112233445566778899aabbccddeeff"
+# Hybrid sends UDP by SNAT, so the backend port is free.
+[[service]]
+name = "udp"
+vip = "10.0.0.10"
+port = 53
+protocol = "udp"
+[[service.backend]]
+address = "10.1.0.11"
+port = 5353
+# Geneve carries the VIP:port, so the backend port is free.
+[[service]]
+name = "geneve"
+vip = "10.0.0.10"
+port = 80
+protocol = "tcp"
+dsr_dispatch = "geneve"
+[[service.backend]]
+address = "10.1.0.11"
+port = 8080
+# SNAT override.
+[[service]]
+name = "snat"
+vip = "10.0.0.10"
+port = 81
+protocol = "tcp"
+mode = "snat"
+[[service.backend]]
+address = "10.1.0.11"
+port = 8081
+# IPIP with the service's own port.
+[[service]]
+name = "same-port"
+vip = "10.0.0.10"
+port = 82
+protocol = "tcp"
+[[service.backend]]
+address = "10.1.0.11"
+port = 82
+`,
+			want: func() *Config {
+				c := base()
+				c.Datapath.Mode = lb.ModeHybrid
+				c.Services = []lb.Service{
+					{Name: "udp", Frontend: fe("10.0.0.10", 53, lb.UDP),
+						Backends: []lb.Backend{{Addr: ap("10.1.0.11:5353"), Weight: 1}}, Source: "file:test.toml"},
+					{Name: "geneve", Frontend: fe("10.0.0.10", 80, lb.TCP), Dispatch: lb.DispatchGeneve,
+						Backends: []lb.Backend{{Addr: ap("10.1.0.11:8080"), Weight: 1}}, Source: "file:test.toml"},
+					{Name: "snat", Frontend: fe("10.0.0.10", 81, lb.TCP), Mode: lb.ModeSNAT,
+						Backends: []lb.Backend{{Addr: ap("10.1.0.11:8081"), Weight: 1}}, Source: "file:test.toml"},
+					{Name: "same-port", Frontend: fe("10.0.0.10", 82, lb.TCP),
+						Backends: []lb.Backend{{Addr: ap("10.1.0.11:82"), Weight: 1}}, Source: "file:test.toml"},
+				}
+				return c
+			},
+		},
+		{
+			name: "same address and port, different protocol",
+			doc: head + `
+[[service]]
+name = "dns-udp"
+vip = "10.0.0.53"
+port = 53
+protocol = "udp"
+[[service]]
+name = "dns-tcp"
+vip = "10.0.0.53"
+port = 53
+protocol = "tcp"
+`,
+			want: func() *Config {
+				c := base()
+				c.Services = []lb.Service{
+					{Name: "dns-udp", Frontend: fe("10.0.0.53", 53, lb.UDP), Source: "file:test.toml"},
+					{Name: "dns-tcp", Frontend: fe("10.0.0.53", 53, lb.TCP), Source: "file:test.toml"},
+				}
+				return c
+			},
+		},
+		{
+			name: "inline tables",
+			doc: `service = [
+  { name = "web", vip = "10.0.0.10", port = 80, protocol = "tcp", health = { type = "tcp" }, backend = [
+    { address = "10.1.0.11" },
+    { address = "10.1.0.12", weight = 2 },
+  ] },
+]
+` + head,
+			want: func() *Config {
+				c := base()
+				c.Services = []lb.Service{{
+					Name: "web", Frontend: fe("10.0.0.10", 80, lb.TCP),
+					Health: lb.HealthCheck{Type: lb.HealthTCP, Interval: 5 * time.Second, Timeout: 2 * time.Second, Rise: 2, Fall: 3},
+					Backends: []lb.Backend{
+						{Addr: ap("10.1.0.11:80"), Weight: 1},
+						{Addr: ap("10.1.0.12:80"), Weight: 2},
+					},
+					Source: "file:test.toml",
+				}}
+				return c
+			},
+		},
+		{
+			name: "discovery defaults",
+			doc:  head + "[discovery.consul]\n[discovery.kubernetes]\n",
+			want: func() *Config {
+				c := base()
+				c.Consul = &Consul{Address: "127.0.0.1:8500", Tag: "l4lb", KVPrefix: "l4lb/services/", Stale: true, WarningState: lb.Active}
+				c.Kubernetes = &Kubernetes{LoadBalancerClass: "l4lb.io/l4lb"}
+				return c
+			},
+		},
+		{
+			name: "discovery every key",
+			doc: head + `
+[discovery.consul]
+address = "consul.service.consul:8501"
+tag = "edge"
+kv_prefix = "lb/"
+token_file = "/etc/l4lb/token"
+datacenter = "dc2"
+stale = false
+tls_ca_file = "/ca.pem"
+tls_cert_file = "/cert.pem"
+tls_key_file = "/key.pem"
+tls_server_name = "consul"
+warning_state = "draining"
+register_self = true
+[discovery.kubernetes]
+kubeconfig = "/etc/l4lb/kubeconfig"
+load_balancer_class = "example.com/lb"
+`,
+			want: func() *Config {
+				c := base()
+				c.Consul = &Consul{
+					Address: "consul.service.consul:8501", Tag: "edge", KVPrefix: "lb/", TokenFile: "/etc/l4lb/token",
+					Datacenter: "dc2", Stale: false, TLSCAFile: "/ca.pem", TLSCertFile: "/cert.pem", TLSKeyFile: "/key.pem",
+					TLSServerName: "consul", WarningState: lb.Draining, RegisterSelf: true,
+				}
+				c.Kubernetes = &Kubernetes{Kubeconfig: "/etc/l4lb/kubeconfig", LoadBalancerClass: "example.com/lb"}
+				return c
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := Parse("test.toml", []byte(tt.doc), tt.opts)
+			if err != nil {
+				t.Fatalf("Parse:\n%v", err)
+			}
+			if diff := cmp.Diff(tt.want(), got, netipComparers); diff != "" {
+				t.Errorf("Parse mismatch (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestDefaults(t *testing.T) {
+	c, err := Parse("t.toml", []byte(head+`
+[[service]]
+name = "web"
+vip = "10.0.0.10"
+port = 80
+protocol = "tcp"
+mode = "dsr"
+`), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := c.Defaults()
+	want := lb.Defaults{Mode: lb.ModeSNAT, Dispatch: lb.DispatchIPIP, TableSize: 16381}
+	if d != want {
+		t.Errorf("Defaults() = %+v, want %+v", d, want)
+	}
+	svc := c.Services[0].WithDefaults(d)
+	if svc.Mode != lb.ModeDSR || svc.Dispatch != lb.DispatchIPIP || svc.TableSize != 16381 {
+		t.Errorf("WithDefaults: mode %v dispatch %v table %d; the override must survive and the rest be filled", svc.Mode, svc.Dispatch, svc.TableSize)
+	}
+}
+
+func TestDefaultIsNotRunnable(t *testing.T) {
+	// Default documents the defaults; it must not pretend to be a usable
+	// config (no interface, no seed).
+	d := Default()
+	if len(d.Datapath.Interfaces) != 0 || d.Maglev.Seed != (maglev.Seed{}) || d.Maglev.DevSeed {
+		t.Errorf("Default() has interfaces %v, seed %v, dev %t", d.Datapath.Interfaces, d.Maglev.Seed, d.Maglev.DevSeed)
+	}
+	if d.Version != CurrentVersion {
+		t.Errorf("Default().Version = %d, want %d", d.Version, CurrentVersion)
+	}
+	// Each call returns a fresh value: callers may modify it.
+	d.Daemon.MetricsListen[0] = "changed"
+	if Default().Daemon.MetricsListen[0] == "changed" {
+		t.Error("Default() shares slices between calls")
+	}
+}
+
+func TestDevSeedIsValid(t *testing.T) {
+	parsed, err := maglev.ParseSeed(DevSeed.String())
+	if err != nil || parsed != DevSeed {
+		t.Fatalf("DevSeed %v does not round-trip: %v", DevSeed, err)
+	}
+	if DevSeed == (maglev.Seed{}) {
+		t.Fatal("DevSeed is all zeros")
+	}
+}
+
+func TestLoad(t *testing.T) {
+	dir := t.TempDir()
+	good := filepath.Join(dir, "good.toml")
+	bad := filepath.Join(dir, "bad.toml")
+	if err := os.WriteFile(good, []byte(head), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bad, []byte(head+"[daemon]\nlog_level = \"loud\"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	if _, err := Load(good, Options{}); err != nil {
+		t.Errorf("Load(good): %v", err)
+	}
+
+	_, err := Load(bad, Options{})
+	var list ErrorList
+	if !errors.As(err, &list) || len(list) != 1 {
+		t.Fatalf("Load(bad) = %v, want one error in an ErrorList", err)
+	}
+	if list[0].File != bad || list[0].Line != 8 {
+		t.Errorf("error at %s:%d, want %s:8", list[0].File, list[0].Line, bad)
+	}
+
+	_, err = Load(filepath.Join(dir, "missing.toml"), Options{})
+	if err == nil || !errors.Is(err, os.ErrNotExist) || !strings.Contains(err.Error(), "--config") {
+		t.Errorf("Load(missing) = %v, want a not-exist error mentioning --config", err)
+	}
+}
+
+func TestServicesSource(t *testing.T) {
+	c, err := Parse("/etc/l4lb/l4lb.toml", []byte(head+"[[service]]\nname=\"a\"\nvip=\"10.0.0.1\"\nport=1\nprotocol=\"udp\"\n"), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := c.Services[0].Source; got != "file:/etc/l4lb/l4lb.toml" {
+		t.Errorf("Source = %q, want file:/etc/l4lb/l4lb.toml", got)
+	}
+}

@@ -1,0 +1,111 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package config
+
+// The raw* types mirror the document. They never leave this package: the
+// decoders fill them, the validator turns them into model types.
+//
+// Leaves are `any` on purpose. A typed field makes the decoder stop at the
+// first value of the wrong type, which would hide every other problem in the
+// file; with `any` every value is decoded, and the validator reports each
+// wrong type with its line next to the other errors. A nil leaf means the key
+// is absent, which is how defaults are told apart from explicit values
+// (weight = 0 is not the same as no weight). Tables stay typed so that the
+// decoder can still reject unknown keys.
+
+type rawFile struct {
+	Version   any           `toml:"version"`
+	Daemon    *rawDaemon    `toml:"daemon"`
+	Datapath  *rawDatapath  `toml:"datapath"`
+	Maglev    *rawMaglev    `toml:"maglev"`
+	Service   []rawService  `toml:"service"`
+	Discovery *rawDiscovery `toml:"discovery"`
+}
+
+type rawDaemon struct {
+	AdminSocket   any `toml:"admin_socket"`
+	MetricsListen any `toml:"metrics_listen"`
+	BPFFS         any `toml:"bpffs"`
+	LogLevel      any `toml:"log_level"`
+}
+
+type rawDatapath struct {
+	Interfaces    any `toml:"interfaces"`
+	Attach        any `toml:"attach"`
+	XDPMode       any `toml:"xdp_mode"`
+	Mode          any `toml:"mode"`
+	DSRDispatch   any `toml:"dsr_dispatch"`
+	SNATAddresses any `toml:"snat_addresses"`
+	SNATPortRange any `toml:"snat_port_range"`
+	ConntrackMax  any `toml:"conntrack_max"`
+	MaxServices   any `toml:"max_services"`
+	MaxBackends   any `toml:"max_backends"`
+}
+
+type rawMaglev struct {
+	HashSeed  any `toml:"hash_seed"`
+	TableSize any `toml:"table_size"`
+}
+
+// rawService is one [[service]] of a config file, or a whole standalone
+// service document (ParseService), hence the JSON tags.
+type rawService struct {
+	Name            any          `toml:"name" json:"name"`
+	VIP             any          `toml:"vip" json:"vip"`
+	Port            any          `toml:"port" json:"port"`
+	Protocol        any          `toml:"protocol" json:"protocol"`
+	Mode            any          `toml:"mode" json:"mode"`
+	DSRDispatch     any          `toml:"dsr_dispatch" json:"dsr_dispatch"`
+	Algorithm       any          `toml:"algorithm" json:"algorithm"`
+	TableSize       any          `toml:"table_size" json:"table_size"`
+	Affinity        any          `toml:"affinity" json:"affinity"`
+	AffinityTimeout any          `toml:"affinity_timeout" json:"affinity_timeout"`
+	SourceRanges    any          `toml:"source_ranges" json:"source_ranges"`
+	Health          *rawHealth   `toml:"health" json:"health"`
+	Backend         []rawBackend `toml:"backend" json:"backend"`
+}
+
+type rawHealth struct {
+	Type         any `toml:"type" json:"type"`
+	Port         any `toml:"port" json:"port"`
+	Interval     any `toml:"interval" json:"interval"`
+	Timeout      any `toml:"timeout" json:"timeout"`
+	Rise         any `toml:"rise" json:"rise"`
+	Fall         any `toml:"fall" json:"fall"`
+	Path         any `toml:"path" json:"path"`
+	ExpectStatus any `toml:"expect_status" json:"expect_status"`
+	Send         any `toml:"send" json:"send"`
+	Expect       any `toml:"expect" json:"expect"`
+}
+
+type rawBackend struct {
+	Address any `toml:"address" json:"address"`
+	Port    any `toml:"port" json:"port"`
+	Weight  any `toml:"weight" json:"weight"`
+	State   any `toml:"state" json:"state"`
+}
+
+type rawDiscovery struct {
+	Consul     *rawConsul     `toml:"consul"`
+	Kubernetes *rawKubernetes `toml:"kubernetes"`
+}
+
+type rawConsul struct {
+	Address       any `toml:"address"`
+	Tag           any `toml:"tag"`
+	KVPrefix      any `toml:"kv_prefix"`
+	TokenFile     any `toml:"token_file"`
+	Datacenter    any `toml:"datacenter"`
+	Stale         any `toml:"stale"`
+	TLSCAFile     any `toml:"tls_ca_file"`
+	TLSCertFile   any `toml:"tls_cert_file"`
+	TLSKeyFile    any `toml:"tls_key_file"`
+	TLSServerName any `toml:"tls_server_name"`
+	WarningState  any `toml:"warning_state"`
+	RegisterSelf  any `toml:"register_self"`
+}
+
+type rawKubernetes struct {
+	Kubeconfig        any `toml:"kubeconfig"`
+	LoadBalancerClass any `toml:"load_balancer_class"`
+}

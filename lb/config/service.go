@@ -1,0 +1,476 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package config
+
+import (
+	"bytes"
+	"net/netip"
+	"reflect"
+	"strconv"
+
+	"github.com/l4lb/l4lb/lb"
+	"github.com/l4lb/l4lb/lb/maglev"
+)
+
+// ParseService parses one service definition: the body of a [[service]]
+// table as a document of its own (name, vip, ..., [health], [[backend]]),
+// in TOML, or in JSON with the same keys when the first non-blank byte is
+// '{'. It is how services stored one per key (Consul KV) are read, and it
+// applies exactly the checks a service in the config file gets. where
+// replaces the file name in errors (for example `consul KV
+// l4lb/services/web`).
+//
+// defaults are the daemon's; they take part in the checks that depend on
+// the effective mode, dispatch and table size, but are not applied to the
+// result, which leaves Source empty for the caller to fill. Zero fields of
+// defaults mean the documented global defaults.
+func ParseService(where string, data []byte, defaults lb.Defaults) (lb.Service, error) {
+	c := &checker{file: where}
+	var raw rawService
+	if isJSON(data) {
+		if !c.decodeJSON(data, &raw) {
+			return lb.Service{}, c.errs
+		}
+	} else {
+		strict, ok := c.decodeTOML(data, &raw)
+		if !ok {
+			return lb.Service{}, c.errs
+		}
+		c.addStrict(strict, []rawService{raw}, reflect.TypeOf(raw), false)
+	}
+	svc, _ := c.service(scope{c: c}, &raw, 0, fillDefaults(defaults))
+	if len(c.errs) > 0 {
+		c.errs.sortByLine()
+		return lb.Service{}, c.errs
+	}
+	return svc, nil
+}
+
+func isJSON(data []byte) bool {
+	b := bytes.TrimLeft(data, " \t\r\n\ufeff")
+	return len(b) > 0 && b[0] == '{'
+}
+
+func fillDefaults(d lb.Defaults) lb.Defaults {
+	def := Default().Defaults()
+	if d.Mode == lb.ModeDefault {
+		d.Mode = def.Mode
+	}
+	if d.Dispatch == lb.DispatchDefault {
+		d.Dispatch = def.Dispatch
+	}
+	if d.TableSize == 0 {
+		d.TableSize = def.TableSize
+	}
+	return d
+}
+
+// serviceLabel names a service in errors before (or without) validating it.
+func serviceLabel(r *rawService, i int) string {
+	if name, ok := r.Name.(string); ok && name != "" {
+		return name
+	}
+	return "#" + strconv.Itoa(i+1)
+}
+
+// backendLabel names a backend in errors: its address:port when the address
+// is usable, else its 1-based position in the service.
+func backendLabel(r *rawBackend, servicePort any, j int) string {
+	text, _ := r.Address.(string)
+	a, err := netip.ParseAddr(text)
+	if err != nil {
+		return "#" + strconv.Itoa(j+1)
+	}
+	if p, ok := rawPort(r.Port); ok {
+		return netip.AddrPortFrom(a, p).String()
+	}
+	if r.Port == nil {
+		if p, ok := rawPort(servicePort); ok {
+			return netip.AddrPortFrom(a, p).String()
+		}
+	}
+	return a.String()
+}
+
+// rawPort reads a port without reporting anything, for labels.
+func rawPort(v any) (uint16, bool) {
+	var n int64
+	switch x := v.(type) {
+	case int64:
+		n = x
+	case interface{ Int64() (int64, error) }:
+		var err error
+		if n, err = x.Int64(); err != nil {
+			return 0, false
+		}
+	default:
+		return 0, false
+	}
+	if n < 1 || n > 65535 {
+		return 0, false
+	}
+	return uint16(n), true
+}
+
+// serviceFacts is what cross-service checks need to know about a service
+// that validated far enough.
+type serviceFacts struct {
+	nameOK     bool
+	frontendOK bool
+}
+
+// services validates every [[service]] of a file and the rules that span
+// services: unique names and unique frontends.
+func (c *checker) services(raws []rawService, d lb.Defaults, source string) []lb.Service {
+	var out []lb.Service
+	names := make(map[string]int)
+	fronts := make(map[lb.Frontend]int)
+	for i := range raws {
+		sc := scope{c: c, path: indexPath("service", i), service: serviceLabel(&raws[i], i)}
+		svc, facts := c.service(sc, &raws[i], i, d)
+		svc.Source = source
+		if facts.nameOK {
+			if first, dup := names[svc.Name]; dup {
+				sc.errorf("name", "name %q is already used by the service at line %d: service names must be unique, rename one of them",
+					svc.Name, c.line(indexPath("service", first)))
+			} else {
+				names[svc.Name] = i
+			}
+		}
+		if facts.frontendOK {
+			if first, dup := fronts[svc.Frontend]; dup {
+				sc.errorf("vip", "frontend %s is already used by service %q (line %d): change the VIP, port or protocol of one of them",
+					svc.Frontend, serviceLabel(&raws[first], first), c.line(indexPath("service", first)))
+			} else {
+				fronts[svc.Frontend] = i
+			}
+		}
+		out = append(out, svc)
+	}
+	return out
+}
+
+func validServiceName(name string) bool {
+	if len(name) < 1 || len(name) > 63 {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		ch := name[i]
+		if !('a' <= ch && ch <= 'z' || 'A' <= ch && ch <= 'Z' || '0' <= ch && ch <= '9' || ch == '.' || ch == '_' || ch == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+// service validates one service; s is the scope of its table. Unset
+// overrides stay unset in the result, but the checks that depend on them
+// (table capacity, DSR over IPIP) use the effective values from d.
+func (c *checker) service(s scope, r *rawService, i int, d lb.Defaults) (lb.Service, serviceFacts) {
+	var svc lb.Service
+	var facts serviceFacts
+	s.service = serviceLabel(r, i)
+
+	if r.Name == nil {
+		s.errorf("name", "name is missing: every service needs a unique name")
+	} else if name, ok := s.str("name", r.Name); ok {
+		if validServiceName(name) {
+			svc.Name = name
+			facts.nameOK = true
+		} else {
+			s.errorf("name", "name %q is not valid: use 1 to 63 letters, digits, '.', '_' or '-'", name)
+		}
+	}
+
+	vipOK, portOK, protoOK := false, false, false
+	if r.VIP == nil {
+		s.errorf("vip", "vip is missing: set the virtual IP address clients connect to")
+	} else if text, ok := s.str("vip", r.VIP); ok {
+		if a, err := unicast(text); err != nil {
+			s.errorf("vip", "vip: %v", err)
+		} else {
+			svc.Frontend.Addr, vipOK = a, true
+		}
+	}
+	if r.Port == nil {
+		s.errorf("port", "port is missing: set the port clients connect to (1..65535)")
+	} else if p, ok := s.port("port", r.Port); ok {
+		svc.Frontend.Port, portOK = p, true
+	}
+	if r.Protocol == nil {
+		s.errorf("protocol", "protocol is missing: set it to \"tcp\" or \"udp\"")
+	} else if p, ok := enum(s, "protocol", r.Protocol, lb.ParseProtocol); ok {
+		svc.Frontend.Proto, protoOK = p, true
+	}
+	facts.frontendOK = vipOK && portOK && protoOK
+
+	if m, ok := enum(s, "mode", r.Mode, lb.ParseMode); ok {
+		svc.Mode = m
+	}
+	if m, ok := enum(s, "dsr_dispatch", r.DSRDispatch, lb.ParseDispatch); ok {
+		svc.Dispatch = m
+	}
+	if a, ok := enum(s, "algorithm", r.Algorithm, lb.ParseAlgorithm); ok {
+		svc.Algorithm = a
+	}
+	tableOK := true
+	if r.TableSize != nil {
+		svc.TableSize, tableOK = s.tableSize("table_size", r.TableSize)
+	}
+	c.affinity(s, r, &svc)
+	if vipOK {
+		svc.SourceRanges = c.sourceRanges(s, r.SourceRanges, svc.Frontend.Addr)
+	} else if r.SourceRanges != nil {
+		c.sourceRanges(s, r.SourceRanges, netip.Addr{})
+	}
+	svc.Health = c.health(s.sub("health"), r.Health)
+
+	eff := svc.WithDefaults(d)
+	// IPIP carries the client's packet unchanged, destination port
+	// included, so the backend can only answer on the VIP's port.
+	ipipSamePort := eff.Dispatch == lb.DispatchIPIP && eff.ModeFor(svc.Frontend.Proto) == lb.ModeDSR && protoOK
+	seen := make(map[netip.AddrPort]int)
+	eligible := 0
+	for j := range r.Backend {
+		rb := &r.Backend[j]
+		bs := scope{c: c, path: indexPath(joinPath(s.path, "backend"), j), service: s.service, backend: backendLabel(rb, r.Port, j)}
+		b, ok := c.backend(bs, rb, svc.Frontend, vipOK, portOK)
+		if !ok {
+			continue
+		}
+		if first, dup := seen[b.Addr]; dup {
+			bs.errorf("address", "duplicate backend: %s is already a backend of this service (line %d): remove one of them",
+				b.Addr, c.line(indexPath(joinPath(s.path, "backend"), first)))
+			continue
+		}
+		seen[b.Addr] = j
+		if ipipSamePort && portOK && rb.Port != nil && b.Addr.Port() != svc.Frontend.Port {
+			bs.errorf("port", "port %d differs from the service port %d, but with mode %q and dsr_dispatch \"ipip\" the packet reaches the backend unchanged, so the backend must listen on port %d: drop the backend port (or set it to %d), or use mode = \"snat\", or dsr_dispatch = \"geneve\" or \"opt\"",
+				b.Addr.Port(), svc.Frontend.Port, eff.Mode, svc.Frontend.Port, svc.Frontend.Port)
+		}
+		if b.Weight > 0 {
+			eligible++
+		}
+		svc.Backends = append(svc.Backends, b)
+	}
+	if tableOK && eff.TableSize > 0 && eligible > int(eff.TableSize) {
+		key := "table_size"
+		if r.TableSize == nil {
+			key = ""
+		}
+		s.errorf(key, "%d backends have weight > 0 but the Maglev table has only %d slots, so some would get none: set table_size to a larger prime (e.g. %d)",
+			eligible, eff.TableSize, suggestSize(eligible))
+	}
+	return svc, facts
+}
+
+// suggestSize proposes a table size for n backends: Maglev balances well
+// when the table has about 100 slots per backend.
+func suggestSize(n int) uint32 {
+	for _, m := range maglev.Ladder {
+		if int(m) >= 100*n {
+			return m
+		}
+	}
+	if n < maglev.MaxTableSize {
+		return maglev.MaxTableSize
+	}
+	return maglev.Ladder[len(maglev.Ladder)-1]
+}
+
+func (c *checker) affinity(s scope, r *rawService, svc *lb.Service) {
+	clientIP := false
+	if v, ok := s.str("affinity", r.Affinity); ok {
+		switch v {
+		case "none":
+		case "client-ip":
+			clientIP = true
+		default:
+			s.errorf("affinity", "affinity = %q is unknown: use \"none\" or \"client-ip\"", v)
+		}
+	}
+	timeout := defaultAffinityTimeout
+	if r.AffinityTimeout != nil {
+		if !clientIP {
+			s.errorf("affinity_timeout", "affinity_timeout has no effect without affinity = \"client-ip\": remove it or turn affinity on")
+		} else if t, ok := s.duration("affinity_timeout", r.AffinityTimeout); ok {
+			timeout = t
+		}
+	}
+	if clientIP {
+		svc.Affinity = lb.Affinity{ClientIP: true, Timeout: timeout}
+	}
+}
+
+// sourceRanges parses the client allow-list. A prefix of the other family
+// than the VIP could never match, so it is a mistake rather than a no-op.
+func (c *checker) sourceRanges(s scope, v any, vip netip.Addr) []netip.Prefix {
+	list, _ := s.strs("source_ranges", v)
+	var out []netip.Prefix
+	seen := make(map[netip.Prefix]bool)
+	for i, text := range list {
+		key := indexPath("source_ranges", i)
+		p, err := netip.ParsePrefix(text)
+		switch {
+		case err != nil:
+			s.errorf(key, "%s = %q is not a prefix: write it like \"192.0.2.0/24\" or \"2001:db8::/32\"", key, text)
+		case p.Addr().Zone() != "":
+			s.errorf(key, "%s = %q has an IPv6 zone: remove it", key, text)
+		case p.Masked() != p:
+			s.errorf(key, "%s = %q has bits set after the prefix length: write %s", key, text, p.Masked())
+		case vip.IsValid() && p.Addr().Is4() != vip.Is4():
+			s.errorf(key, "%s = %q is %s but the VIP %s is %s: it could never match", key, text, family(p.Addr()), vip, family(vip))
+		case seen[p]:
+			s.errorf(key, "%s: %s is listed twice: remove one", key, p)
+		default:
+			seen[p] = true
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// backend validates one backend. The second result is false when the
+// backend cannot be identified (no usable address), so it takes no part in
+// the duplicate and capacity checks.
+func (c *checker) backend(s scope, r *rawBackend, fe lb.Frontend, vipOK, svcPortOK bool) (lb.Backend, bool) {
+	b := lb.Backend{Weight: lb.DefaultWeight, State: lb.Active}
+	var addr netip.Addr
+	addrOK := false
+	if r.Address == nil {
+		s.errorf("address", "address is missing: set the backend's IP address")
+	} else if text, ok := s.str("address", r.Address); ok {
+		if a, err := unicast(text); err != nil {
+			s.errorf("address", "address: %v", err)
+		} else if vipOK && a.Is4() != fe.Addr.Is4() {
+			s.errorf("address", "address family differs from VIP %s", fe.Addr)
+		} else {
+			addr, addrOK = a, true
+		}
+	}
+	port, portOK := fe.Port, svcPortOK
+	if r.Port != nil {
+		port, portOK = s.port("port", r.Port)
+	}
+	if r.Weight != nil {
+		if n, ok := s.integer("weight", r.Weight); ok {
+			switch {
+			case n < 0:
+				s.errorf("weight", "weight = %d is negative: use 0 to give the backend no new flows, or a positive weight", n)
+			case n > 1<<32-1:
+				s.errorf("weight", "weight = %d is out of range: use at most %d", n, uint32(1<<32-1))
+			default:
+				b.Weight = uint32(n)
+			}
+		}
+	}
+	if st, ok := enum(s, "state", r.State, lb.ParseBackendState); ok {
+		b.State = st
+	}
+	if !addrOK || !portOK {
+		return b, false
+	}
+	b.Addr = netip.AddrPortFrom(addr, port)
+	return b, true
+}
+
+// health validates [service.health]. Absent means no checks (HealthNone);
+// present, it must say which kind, and every key must apply to that kind,
+// because a key that is silently ignored hides a misunderstanding.
+func (c *checker) health(s scope, r *rawHealth) lb.HealthCheck {
+	var h lb.HealthCheck
+	if r == nil {
+		return h
+	}
+	typ, typeOK := lb.HealthNone, false
+	if r.Type == nil {
+		s.errorf("type", "health.type is missing: set it to \"tcp\", \"http\", \"udp\" or \"none\"")
+	} else {
+		typ, typeOK = enum(s, "type", r.Type, lb.ParseHealthType)
+	}
+	if typeOK && typ == lb.HealthNone {
+		for _, k := range []struct {
+			key string
+			v   any
+		}{{"port", r.Port}, {"interval", r.Interval}, {"timeout", r.Timeout}, {"rise", r.Rise}, {"fall", r.Fall},
+			{"path", r.Path}, {"expect_status", r.ExpectStatus}, {"send", r.Send}, {"expect", r.Expect}} {
+			if k.v != nil {
+				s.errorf(k.key, "%s has no effect with health.type = \"none\": remove it", s.name(k.key))
+			}
+		}
+		return lb.HealthCheck{Type: lb.HealthNone}
+	}
+	h = lb.HealthCheck{
+		Type:     typ,
+		Interval: defaultHealthInterval,
+		Timeout:  defaultHealthTimeout,
+		Rise:     defaultHealthRise,
+		Fall:     defaultHealthFall,
+	}
+	if r.Port != nil {
+		if n, ok := s.intIn("port", r.Port, 0, 65535, "use 1..65535, or 0 for the backend's own port"); ok {
+			h.Port = uint16(n)
+		}
+	}
+	intervalOK, timeoutOK := true, true
+	if r.Interval != nil {
+		h.Interval, intervalOK = s.duration("interval", r.Interval)
+	}
+	if r.Timeout != nil {
+		h.Timeout, timeoutOK = s.duration("timeout", r.Timeout)
+	}
+	if r.Timeout == nil && intervalOK {
+		// The default timeout only exists to bound a probe; with a short
+		// interval it shrinks rather than turning into an error about a
+		// key the operator never wrote.
+		h.Timeout = min(h.Timeout, h.Interval)
+	}
+	if intervalOK && timeoutOK && h.Timeout > h.Interval {
+		s.errorf("timeout", "health.timeout (%s) is longer than health.interval (%s): a probe must finish before the next one starts, shorten the timeout or lengthen the interval", h.Timeout, h.Interval)
+	}
+	if r.Rise != nil {
+		if n, ok := s.intIn("rise", r.Rise, 1, 1<<31-1, "use at least 1 (default 2)"); ok {
+			h.Rise = int(n)
+		}
+	}
+	if r.Fall != nil {
+		if n, ok := s.intIn("fall", r.Fall, 1, 1<<31-1, "use at least 1 (default 3)"); ok {
+			h.Fall = int(n)
+		}
+	}
+
+	only := func(key string, v any, want lb.HealthType) bool {
+		if v == nil {
+			return false
+		}
+		if typeOK && typ != want {
+			s.errorf(key, "%s only applies to health.type = %q, not %q: remove it", s.name(key), want, typ)
+			return false
+		}
+		return true
+	}
+	if typ == lb.HealthHTTP {
+		h.Path, h.ExpectStatus = defaultHealthPath, defaultHealthStatus
+	}
+	if only("path", r.Path, lb.HealthHTTP) {
+		if p, ok := s.str("path", r.Path); ok {
+			if len(p) == 0 || p[0] != '/' {
+				s.errorf("path", "health.path = %q must start with \"/\"", p)
+			} else {
+				h.Path = p
+			}
+		}
+	}
+	if only("expect_status", r.ExpectStatus, lb.HealthHTTP) {
+		if n, ok := s.intIn("expect_status", r.ExpectStatus, 100, 599, "use an HTTP status code in 100..599"); ok {
+			h.ExpectStatus = int(n)
+		}
+	}
+	if only("send", r.Send, lb.HealthUDP) {
+		h.Send, _ = s.str("send", r.Send)
+	}
+	if only("expect", r.Expect, lb.HealthUDP) {
+		h.Expect, _ = s.str("expect", r.Expect)
+	}
+	return h
+}

@@ -1,0 +1,461 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package config
+
+import (
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/l4lb/l4lb/lb"
+	"github.com/l4lb/l4lb/lb/maglev"
+)
+
+// seedHowTo tells an operator how to make a seed; every box must get the
+// same one, so it is generated once and copied.
+const seedHowTo = "generate one with `head -c16 /dev/urandom | od -An -tx1 | tr -d ' \\n'` and put the same value on every LB box"
+
+// version checks the schema version; false means the file must not be read
+// any further.
+func (c *checker) version(v any) bool {
+	s := scope{c: c}
+	n, ok := s.integer("version", v)
+	if !ok {
+		return v == nil
+	}
+	if n != CurrentVersion {
+		s.errorf("version", "unsupported config version %d (this l4lbd reads version %d)", n, CurrentVersion)
+		return false
+	}
+	return true
+}
+
+// config validates a whole decoded file, starting from the defaults so that
+// every absent key keeps its documented value.
+func (c *checker) config(raw *rawFile, opts Options) *Config {
+	cfg := Default()
+	c.daemon(raw.Daemon, &cfg.Daemon)
+	c.datapath(raw.Datapath, &cfg.Datapath)
+	c.maglev(raw.Maglev, &cfg.Maglev, opts)
+	if d := raw.Discovery; d != nil {
+		if d.Consul != nil {
+			cfg.Consul = c.consul(d.Consul)
+		}
+		if d.Kubernetes != nil {
+			cfg.Kubernetes = c.kubernetes(d.Kubernetes)
+		}
+	}
+	cfg.Services = c.services(raw.Service, cfg.Defaults(), "file:"+c.file)
+	c.capacity(cfg)
+	return cfg
+}
+
+func (c *checker) daemon(r *rawDaemon, d *Daemon) {
+	if r == nil {
+		return
+	}
+	s := scope{c: c}.sub("daemon")
+	if v, ok := s.str("admin_socket", r.AdminSocket); ok {
+		// sun_path holds 108 bytes including the terminating NUL.
+		if p, ok := s.absPath("admin_socket", v); ok {
+			if len(p) > 107 {
+				s.errorf("admin_socket", "%s = %q is %d bytes long; unix socket paths are limited to 107: use a shorter path", s.name("admin_socket"), v, len(p))
+			} else {
+				d.AdminSocket = p
+			}
+		}
+	}
+	if list, ok := s.strs("metrics_listen", r.MetricsListen); ok {
+		seen := make(map[string]int)
+		d.MetricsListen = nil
+		for i, hp := range list {
+			key := indexPath("metrics_listen", i)
+			if err := checkHostPort(hp, false); err != nil {
+				s.errorf(key, "%s: %v", s.name(key), err)
+				continue
+			}
+			if first, dup := seen[hp]; dup {
+				s.errorf(key, "%s: %q is listed twice (also at index %d): remove one", s.name(key), hp, first)
+				continue
+			}
+			seen[hp] = i
+			d.MetricsListen = append(d.MetricsListen, hp)
+		}
+	}
+	if v, ok := s.str("bpffs", r.BPFFS); ok {
+		if p, ok := s.absPath("bpffs", v); ok {
+			d.BPFFS = p
+		}
+	}
+	if l, ok := enum(s, "log_level", r.LogLevel, parseLogLevel); ok {
+		d.LogLevel = l
+	}
+}
+
+// absPath accepts an absolute path: a relative one would depend on the
+// daemon's working directory, which systemd sets to /.
+func (s scope) absPath(key, p string) (string, bool) {
+	if p == "" {
+		s.errorf(key, "%s is empty: set an absolute path or remove the key for the default", s.name(key))
+		return "", false
+	}
+	if !filepath.IsAbs(p) {
+		s.errorf(key, "%s = %q is not an absolute path: start it with /", s.name(key), p)
+		return "", false
+	}
+	return filepath.Clean(p), true
+}
+
+func parseLogLevel(s string) (slog.Level, error) {
+	switch s {
+	case "debug":
+		return slog.LevelDebug, nil
+	case "info":
+		return slog.LevelInfo, nil
+	case "warn":
+		return slog.LevelWarn, nil
+	case "error":
+		return slog.LevelError, nil
+	}
+	return 0, fmt.Errorf("unknown log level %q (want debug, info, warn or error)", s)
+}
+
+// checkHostPort checks a listen or connect address. Listen addresses must
+// use an IP literal (or be empty for every address) because l4lbd binds
+// before name resolution can be trusted; connect addresses may use names.
+func checkHostPort(hp string, names bool) error {
+	host, port, err := net.SplitHostPort(hp)
+	if err != nil {
+		return fmt.Errorf("%q is not host:port: write it like 127.0.0.1:9842 or [::1]:9842", hp)
+	}
+	if p, err := strconv.ParseUint(port, 10, 16); err != nil || p == 0 {
+		return fmt.Errorf("%q has port %q: use a number in 1..65535", hp, port)
+	}
+	if host == "" || host == "localhost" {
+		return nil
+	}
+	if a, err := netip.ParseAddr(host); err == nil {
+		if a.Zone() != "" && !a.IsLinkLocalUnicast() {
+			return fmt.Errorf("%q has a zone on a non-link-local address: remove %%%s", hp, a.Zone())
+		}
+		return nil
+	}
+	if !names {
+		return fmt.Errorf("%q: host %q must be an IP address, \"localhost\", or empty for all addresses", hp, host)
+	}
+	if strings.ContainsAny(host, " \t/") {
+		return fmt.Errorf("%q: host %q is not a host name or IP address", hp, host)
+	}
+	return nil
+}
+
+// unicast parses an address that traffic is sent to or from. Zones, the
+// unspecified address and multicast cannot be programmed into the datapath;
+// IPv4-mapped IPv6 would make the address family ambiguous, and the family
+// decides which map and which encapsulation a packet gets.
+func unicast(text string) (netip.Addr, error) {
+	a, err := netip.ParseAddr(text)
+	switch {
+	case err != nil:
+		return a, fmt.Errorf("%q is not an IP address", text)
+	case a.Zone() != "":
+		return a, fmt.Errorf("%q has an IPv6 zone: zones are not supported, write the address without %%%s", text, a.Zone())
+	case a.Is4In6():
+		return a, fmt.Errorf("%q is an IPv4-mapped IPv6 address: write it as %s", text, a.Unmap())
+	case a.IsUnspecified():
+		return a, fmt.Errorf("%q is the unspecified address: use a concrete address", text)
+	case a.IsMulticast():
+		return a, fmt.Errorf("%q is a multicast address: use a unicast address", text)
+	}
+	return a, nil
+}
+
+func family(a netip.Addr) string {
+	if a.Is4() {
+		return "IPv4"
+	}
+	return "IPv6"
+}
+
+func (c *checker) datapath(r *rawDatapath, d *Datapath) {
+	s := scope{c: c}.sub("datapath")
+	var ifaces any
+	if r != nil {
+		ifaces = r.Interfaces
+	}
+	if ifaces == nil {
+		s.errorf("interfaces", "datapath.interfaces is missing: list the interfaces l4lbd attaches to, e.g. interfaces = [\"eth0\"]")
+	} else if list, ok := s.strs("interfaces", ifaces); ok {
+		if len(list) == 0 {
+			s.errorf("interfaces", "datapath.interfaces is empty: list at least one interface, e.g. interfaces = [\"eth0\"]")
+		}
+		seen := make(map[string]bool)
+		for i, name := range list {
+			key := indexPath("interfaces", i)
+			if err := checkIfName(name); err != nil {
+				s.errorf(key, "%s: %v", s.name(key), err)
+				continue
+			}
+			if seen[name] {
+				s.errorf(key, "%s: interface %q is listed twice: remove one", s.name(key), name)
+				continue
+			}
+			seen[name] = true
+			d.Interfaces = append(d.Interfaces, name)
+		}
+	}
+	if r == nil {
+		return
+	}
+	if a, ok := enum(s, "attach", r.Attach, parseAttach); ok {
+		d.Attach = a
+	}
+	if m, ok := enum(s, "xdp_mode", r.XDPMode, parseXDPMode); ok {
+		d.XDPMode = m
+		if d.Attach == AttachTC && m != XDPAuto {
+			s.errorf("xdp_mode", "datapath.xdp_mode = %q has no effect with attach = \"tc\": remove it or use attach = \"xdp\"", m)
+		}
+	}
+	if m, ok := enum(s, "mode", r.Mode, lb.ParseMode); ok {
+		d.Mode = m
+	}
+	if m, ok := enum(s, "dsr_dispatch", r.DSRDispatch, lb.ParseDispatch); ok {
+		d.Dispatch = m
+	}
+	if list, ok := s.strs("snat_addresses", r.SNATAddresses); ok {
+		seen := make(map[netip.Addr]bool)
+		for i, text := range list {
+			key := indexPath("snat_addresses", i)
+			a, err := unicast(text)
+			if err != nil {
+				s.errorf(key, "%s: %v", s.name(key), err)
+				continue
+			}
+			if seen[a] {
+				s.errorf(key, "%s: %s is listed twice: remove one", s.name(key), a)
+				continue
+			}
+			seen[a] = true
+			d.SNATAddresses = append(d.SNATAddresses, a)
+		}
+	}
+	if v, ok := s.str("snat_port_range", r.SNATPortRange); ok {
+		if lo, hi, err := parsePortRange(v); err != nil {
+			s.errorf("snat_port_range", "datapath.snat_port_range = %q: %v", v, err)
+		} else {
+			d.SNATPortMin, d.SNATPortMax = lo, hi
+		}
+	}
+	if n, ok := s.uint32In("conntrack_max", r.ConntrackMax, minConntrackMax, fmt.Sprintf("use at least %d entries (default %d)", minConntrackMax, defaultConntrackMax)); ok {
+		d.ConntrackMax = n
+	}
+	if n, ok := s.uint32In("max_services", r.MaxServices, 1, fmt.Sprintf("use at least 1 (default %d)", defaultMaxServices)); ok {
+		d.MaxServices = n
+	}
+	if n, ok := s.uint32In("max_backends", r.MaxBackends, 1, fmt.Sprintf("use at least 1 (default %d)", defaultMaxBackends)); ok {
+		d.MaxBackends = n
+	}
+}
+
+func parseAttach(s string) (Attach, error) {
+	switch s {
+	case "xdp":
+		return AttachXDP, nil
+	case "tc":
+		return AttachTC, nil
+	}
+	return 0, fmt.Errorf("unknown attach point %q (want xdp or tc)", s)
+}
+
+func parseXDPMode(s string) (XDPMode, error) {
+	switch s {
+	case "auto":
+		return XDPAuto, nil
+	case "native":
+		return XDPNative, nil
+	case "generic":
+		return XDPGeneric, nil
+	}
+	return 0, fmt.Errorf("unknown XDP mode %q (want native, generic or auto)", s)
+}
+
+// checkIfName applies the kernel's rules for interface names, so a typo is
+// caught here rather than as a failed attach at startup.
+func checkIfName(name string) error {
+	switch {
+	case name == "":
+		return fmt.Errorf("interface name is empty")
+	case len(name) > 15:
+		return fmt.Errorf("interface name %q is longer than 15 bytes, the kernel's limit", name)
+	case name == "." || name == "..":
+		return fmt.Errorf("%q is not a valid interface name", name)
+	case strings.ContainsAny(name, "/: \t\n"):
+		return fmt.Errorf("interface name %q contains '/', ':' or whitespace, which the kernel does not allow", name)
+	}
+	return nil
+}
+
+// parsePortRange parses "lo-hi". Ports below 1024 are left to privileged
+// local services, so SNAT never takes them.
+func parsePortRange(v string) (uint16, uint16, error) {
+	const hint = "write it as \"lo-hi\" with 1024 <= lo <= hi <= 65535, e.g. \"32768-60999\""
+	los, his, ok := strings.Cut(v, "-")
+	if !ok {
+		return 0, 0, fmt.Errorf("not a range: %s", hint)
+	}
+	lo, err1 := strconv.ParseUint(strings.TrimSpace(los), 10, 32)
+	hi, err2 := strconv.ParseUint(strings.TrimSpace(his), 10, 32)
+	if err1 != nil || err2 != nil || lo < 1024 || hi > 65535 || lo > hi {
+		return 0, 0, fmt.Errorf("invalid range: %s", hint)
+	}
+	return uint16(lo), uint16(hi), nil
+}
+
+func (c *checker) maglev(r *rawMaglev, m *Maglev, opts Options) {
+	s := scope{c: c}.sub("maglev")
+	var seed any
+	if r != nil {
+		seed = r.HashSeed
+	}
+	if seed == nil {
+		if opts.Dev {
+			m.Seed, m.DevSeed = DevSeed, true
+		} else {
+			s.errorf("hash_seed", "maglev.hash_seed is missing: every LB box must use the same secret seed so that all boxes pick the same backend for a flow; %s (or run l4lbd --dev for a throwaway setup)", seedHowTo)
+		}
+	} else if v, ok := s.str("hash_seed", seed); ok {
+		parsed, err := maglev.ParseSeed(v)
+		switch {
+		case err != nil:
+			s.errorf("hash_seed", "maglev.hash_seed is malformed: %v; %s", err, seedHowTo)
+		case parsed == maglev.Seed{} && !opts.Dev:
+			s.errorf("hash_seed", "maglev.hash_seed is all zeros, which is what an unset seed looks like: %s", seedHowTo)
+		default:
+			m.Seed = parsed
+		}
+	}
+	if r == nil {
+		return
+	}
+	if n, ok := s.tableSize("table_size", r.TableSize); ok {
+		m.TableSize = n
+	}
+}
+
+// tableSize converts a Maglev table size; package maglev owns the rule and
+// suggests sizes in its error.
+func (s scope) tableSize(key string, v any) (uint32, bool) {
+	n, ok := s.integer(key, v)
+	if !ok {
+		return 0, false
+	}
+	if n < 0 || n > maglev.MaxTableSize {
+		s.errorf(key, "%s = %d is out of range: use a prime in %d..%d (e.g. %d)", s.name(key), n, maglev.MinTableSize, maglev.MaxTableSize, defaultTableSize)
+		return 0, false
+	}
+	if err := maglev.ValidateSize(uint32(n)); err != nil {
+		s.errorf(key, "%s = %d: %v", s.name(key), n, err)
+		return 0, false
+	}
+	return uint32(n), true
+}
+
+func (c *checker) consul(r *rawConsul) *Consul {
+	s := scope{c: c}.sub("discovery").sub("consul")
+	out := &Consul{
+		Address:      defaultConsulAddress,
+		Tag:          defaultConsulTag,
+		KVPrefix:     defaultConsulKVPrefix,
+		Stale:        true,
+		WarningState: lb.Active,
+	}
+	if v, ok := s.str("address", r.Address); ok {
+		if err := checkHostPort(v, true); err != nil {
+			s.errorf("address", "%s: %v", s.name("address"), err)
+		} else {
+			out.Address = v
+		}
+	}
+	if v, ok := s.str("tag", r.Tag); ok {
+		if v == "" {
+			s.errorf("tag", "%s is empty: backends are the Consul instances carrying this tag; set one (default %q)", s.name("tag"), defaultConsulTag)
+		} else {
+			out.Tag = v
+		}
+	}
+	if v, ok := s.str("kv_prefix", r.KVPrefix); ok {
+		if strings.HasPrefix(v, "/") {
+			s.errorf("kv_prefix", "%s = %q: Consul KV keys do not start with '/': remove it", s.name("kv_prefix"), v)
+		} else {
+			out.KVPrefix = v
+		}
+	}
+	str := func(key string, v any, dst *string) {
+		if x, ok := s.str(key, v); ok {
+			*dst = x
+		}
+	}
+	str("token_file", r.TokenFile, &out.TokenFile)
+	str("datacenter", r.Datacenter, &out.Datacenter)
+	str("tls_ca_file", r.TLSCAFile, &out.TLSCAFile)
+	str("tls_cert_file", r.TLSCertFile, &out.TLSCertFile)
+	str("tls_key_file", r.TLSKeyFile, &out.TLSKeyFile)
+	str("tls_server_name", r.TLSServerName, &out.TLSServerName)
+	if (out.TLSCertFile == "") != (out.TLSKeyFile == "") {
+		key := "tls_cert_file"
+		if out.TLSCertFile == "" {
+			key = "tls_key_file"
+		}
+		s.errorf(key, "%s and %s must be set together: a client certificate needs its key", s.name("tls_cert_file"), s.name("tls_key_file"))
+	}
+	if v, ok := s.boolean("stale", r.Stale); ok {
+		out.Stale = v
+	}
+	if st, ok := enum(s, "warning_state", r.WarningState, lb.ParseBackendState); ok {
+		if st == lb.Disabled {
+			s.errorf("warning_state", "%s = \"disabled\" is not allowed: use \"active\" or \"draining\"", s.name("warning_state"))
+		} else {
+			out.WarningState = st
+		}
+	}
+	if v, ok := s.boolean("register_self", r.RegisterSelf); ok {
+		out.RegisterSelf = v
+	}
+	return out
+}
+
+func (c *checker) kubernetes(r *rawKubernetes) *Kubernetes {
+	s := scope{c: c}.sub("discovery").sub("kubernetes")
+	out := &Kubernetes{LoadBalancerClass: defaultK8sClass}
+	if v, ok := s.str("kubeconfig", r.Kubeconfig); ok {
+		out.Kubeconfig = v
+	}
+	if v, ok := s.str("load_balancer_class", r.LoadBalancerClass); ok {
+		if v == "" {
+			s.errorf("load_balancer_class", "%s is empty: set the class of the LoadBalancer Services this box serves (default %q)", s.name("load_balancer_class"), defaultK8sClass)
+		} else {
+			out.LoadBalancerClass = v
+		}
+	}
+	return out
+}
+
+// capacity checks that the file's own services fit in the datapath maps;
+// other sources share the same maps, so this is a lower bound.
+func (c *checker) capacity(cfg *Config) {
+	s := scope{c: c}.sub("datapath")
+	if n := len(cfg.Services); n > int(cfg.Datapath.MaxServices) {
+		s.errorf("max_services", "the file defines %d services but datapath.max_services = %d: raise max_services", n, cfg.Datapath.MaxServices)
+	}
+	total := 0
+	for _, svc := range cfg.Services {
+		total += len(svc.Backends)
+	}
+	if total > int(cfg.Datapath.MaxBackends) {
+		s.errorf("max_backends", "the file defines %d backends but datapath.max_backends = %d: raise max_backends", total, cfg.Datapath.MaxBackends)
+	}
+}
