@@ -1,0 +1,577 @@
+// SPDX-License-Identifier: Apache-2.0
+
+// Package reconciler owns the step between the merged desired state and the
+// datapath: it diffs the services the control plane wants against what is
+// programmed, gives services and backends the small integer ids the datapath
+// indexes arrays with, builds each service's Maglev table, and issues the
+// fewest datapath operations that get from one to the other.
+//
+// Writes are make-before-break: for each added or changed service the new and
+// changed backends go first, then the table, then the service entry, and the
+// backends the table stopped using are deleted last; a removed service loses
+// its entry, then its table, then its backends. Whatever operation fails, the
+// datapath never holds a service entry without its table or a table that
+// names a backend the service does not own, and the next Reconcile picks up
+// where the failed one stopped.
+//
+// A table carries its own size (the Datapath contract), so even a new table
+// size is make-before-break: the new table is swapped in, then the entry.
+//
+// Ids come from first-in first-out free lists. A service or backend keeps its
+// id for as long as it stays programmed; a released id is handed out again
+// only after every other free id, so a stale connection-tracking entry is
+// unlikely to find a new backend behind an old id.
+//
+// The package talks to the kernel only through the Datapath interface (BPF
+// maps in lb/datapath, an in-memory fake in reconcilertest), so it imports no
+// kernel code.
+package reconciler
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"sync"
+
+	"github.com/l4lb/l4lb/lb"
+	"github.com/l4lb/l4lb/lb/maglev"
+)
+
+// Config sizes the id spaces and seeds the Maglev tables.
+type Config struct {
+	// Seed is the Maglev hash seed; every LB box must use the same one.
+	Seed maglev.Seed
+	// MaxServices and MaxBackends are the sizes of the datapath's service
+	// and backend arrays (datapath.max_services, datapath.max_backends).
+	// Ids are allocated in 1..Max; a zero maximum refuses every service.
+	MaxServices uint32
+	MaxBackends uint32
+}
+
+// Reconciler keeps the datapath in step with the desired services. Its
+// methods serialize on an internal lock: one Reconcile runs at a time, and
+// Programmed called from another goroutine waits for it to finish.
+type Reconciler struct {
+	mu  sync.Mutex
+	cfg Config
+	dp  Datapath
+	log *slog.Logger
+
+	svcIDs idQueue
+	beIDs  idQueue
+
+	// services is the programmed view, keyed like the datapath's service
+	// map. It also holds services whose entry is not (or no longer) in the
+	// datapath but whose table, backends or reserved ids are.
+	services map[lb.Frontend]*service
+	// orphans are restored tables and backends whose service entry was
+	// gone: nothing desired can claim them, so they are deleted.
+	orphans []*service
+	gen     uint64
+
+	builder maglev.Builder
+
+	// Scratch space reused by every pass, so that a pass that changes one
+	// service allocates little whatever the number of services.
+	names   map[string]int
+	fresh   map[lb.Frontend]int
+	work    []*lb.Service
+	gone    []*service
+	prev    []*service // service claimed by desired[i] in the last pass, if any
+	want    []lb.Backend
+	elig    []maglev.Backend
+	eligIdx []int
+	slots   []int32
+	target  []BackendID
+}
+
+// service is the reconciler's record of one service in the datapath. It
+// records exactly the operations that succeeded, plus ids reserved for
+// backends whose SetBackend has not succeeded yet: keeping those reserved
+// makes a retried pass hand out the same ids as a pass that never failed.
+type service struct {
+	id   ServiceID
+	fe   lb.Frontend
+	name string
+
+	entry    lb.Service // the programmed entry, valid when hasEntry
+	hasEntry bool
+	table    []BackendID // the programmed table, valid when hasTable
+	hasTable bool
+	backends []backend // sorted by address
+
+	// tableKey and tableSize are the inputs the programmed table was built
+	// from; when the next pass has the same inputs it skips the build.
+	tableKey   []tableInput
+	tableSize  uint32
+	tableKeyOK bool
+
+	// want is a private copy of the desired service the datapath matches,
+	// valid when clean: an equal desired service needs no work at all.
+	want  lb.Service
+	clean bool
+
+	seen  uint64 // pass in which a desired service claimed the frontend
+	claim int    // index of that service in the pass's desired list
+}
+
+type backend struct {
+	addr       netip.AddrPort
+	id         BackendID
+	state      lb.BackendState // programmed state, valid when programmed
+	programmed bool
+
+	// Filled by each pass from the desired service.
+	wanted    bool
+	wantState lb.BackendState
+	weight    uint32
+}
+
+type tableInput struct {
+	addr   netip.AddrPort
+	weight uint32
+	id     BackendID
+}
+
+// New returns a reconciler for an empty datapath. A nil log discards output.
+func New(cfg Config, dp Datapath, log *slog.Logger) *Reconciler {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Reconciler{
+		cfg:      cfg,
+		dp:       dp,
+		log:      log,
+		svcIDs:   newIDQueue(cfg.MaxServices),
+		beIDs:    newIDQueue(cfg.MaxBackends),
+		services: make(map[lb.Frontend]*service),
+		names:    make(map[string]int),
+		fresh:    make(map[lb.Frontend]int),
+	}
+}
+
+// Reconcile makes the datapath hold desired, a complete set of services with
+// defaults resolved (lb.Service.WithDefaults). Services are keyed by frontend;
+// a later service that claims a frontend or name already claimed in desired
+// is refused. desired is not retained and may be modified afterwards.
+//
+// Only the services that differ from the last pass cost more than a
+// comparison. A service that cannot be programmed (invalid, out of ids, or a
+// datapath operation failed) keeps whatever it had, the others proceed, and
+// the returned error joins one error per failed service. Calling Reconcile
+// again retries what is left.
+func (r *Reconciler) Reconcile(desired []lb.Service) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+
+	r.gen++
+	var errs []error
+	clear(r.names)
+	clear(r.fresh)
+	work := r.work[:0]
+	seen := 0
+	prev := r.prev
+	r.prev = r.prev[:0]
+	for i := range desired {
+		d := &desired[i]
+		// Callers pass mostly the same list in the same order: try the
+		// service found at this position last time before hashing.
+		var v *service
+		if i < len(prev) && prev[i] != nil && prev[i].fe == d.Frontend && prev[i].id != NoService {
+			v = prev[i]
+		} else {
+			v = r.services[d.Frontend]
+		}
+		r.prev = append(r.prev, v)
+		if v != nil {
+			if v.seen == r.gen {
+				errs = append(errs, fmt.Errorf("service %q: frontend %s is already claimed by service %q; give one of them another VIP, port or protocol",
+					d.Name, d.Frontend, desired[v.claim].Name))
+				continue
+			}
+			v.seen, v.claim = r.gen, i
+			seen++
+		} else {
+			if j, dup := r.fresh[d.Frontend]; dup {
+				errs = append(errs, fmt.Errorf("service %q: frontend %s is already claimed by service %q; give one of them another VIP, port or protocol",
+					d.Name, d.Frontend, desired[j].Name))
+				continue
+			}
+			r.fresh[d.Frontend] = i
+		}
+		if j, dup := r.names[d.Name]; dup {
+			errs = append(errs, fmt.Errorf("service %q (%s): name already used by the service at %s; service names must be unique",
+				d.Name, d.Frontend, desired[j].Frontend))
+			continue
+		}
+		r.names[d.Name] = i
+		if v != nil && v.clean && sameService(&v.want, d) {
+			continue
+		}
+		work = append(work, d)
+	}
+
+	// Removals go first: they only free ids, and freed ids join the back of
+	// the queues, so they are handed out in this pass only when nothing else
+	// is left, which is exactly when a full datapath needs them.
+	for _, o := range r.orphans {
+		if err := r.remove(o); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	r.orphans = slices.DeleteFunc(r.orphans, func(o *service) bool { return o.id == NoService })
+
+	gone := r.gone[:0]
+	if seen < len(r.services) {
+		for _, v := range r.services {
+			if v.seen != r.gen {
+				gone = append(gone, v)
+			}
+		}
+		slices.SortFunc(gone, func(a, b *service) int { return a.fe.Compare(b.fe) })
+		for _, v := range gone {
+			if err := r.remove(v); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	clear(gone)
+	r.gone = gone[:0]
+
+	slices.SortFunc(work, func(a, b *lb.Service) int { return a.Frontend.Compare(b.Frontend) })
+	for _, d := range work {
+		if err := r.apply(d); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	clear(work)
+	r.work = work[:0]
+	clear(r.prev[len(r.prev):cap(r.prev)])
+	return errors.Join(errs...)
+}
+
+// sameService reports whether a and b are identical in every field, so that
+// a desired service equal to the last one programmed costs one comparison.
+func sameService(a, b *lb.Service) bool {
+	return a.Name == b.Name &&
+		a.Frontend == b.Frontend &&
+		a.Mode == b.Mode &&
+		a.Dispatch == b.Dispatch &&
+		a.TableSize == b.TableSize &&
+		a.Algorithm == b.Algorithm &&
+		a.Affinity == b.Affinity &&
+		a.Health == b.Health &&
+		a.Source == b.Source &&
+		slices.Equal(a.Backends, b.Backends) &&
+		slices.Equal(a.SourceRanges, b.SourceRanges)
+}
+
+// apply brings one added or changed service to the datapath.
+func (r *Reconciler) apply(d *lb.Service) error {
+	if err := validate(d); err != nil {
+		return err
+	}
+
+	// The backends that get an entry (active and draining), by address.
+	want := append(r.want[:0], d.Backends...)
+	slices.SortFunc(want, func(a, b lb.Backend) int { return a.Addr.Compare(b.Addr) })
+	r.want = want
+	for k := 1; k < len(want); k++ {
+		if want[k].Addr == want[k-1].Addr {
+			return fmt.Errorf("service %q (%s): backend %s is listed twice; list each backend once", d.Name, d.Frontend, want[k].Addr)
+		}
+	}
+	want = slices.DeleteFunc(want, func(b lb.Backend) bool { return b.State == lb.Disabled })
+
+	v := r.services[d.Frontend]
+	var cur []backend
+	if v != nil {
+		cur = v.backends
+	}
+	next := make([]backend, 0, len(want)+len(cur))
+	newIDs := 0
+	i, j := 0, 0
+	for i < len(cur) || j < len(want) {
+		var c int
+		switch {
+		case i == len(cur):
+			c = 1
+		case j == len(want):
+			c = -1
+		default:
+			c = cur[i].addr.Compare(want[j].Addr)
+		}
+		switch {
+		case c < 0:
+			b := cur[i]
+			b.wanted = false
+			next = append(next, b)
+			i++
+		case c > 0:
+			next = append(next, backend{addr: want[j].Addr, wanted: true, wantState: want[j].State, weight: want[j].Weight})
+			newIDs++
+			j++
+		default:
+			b := cur[i]
+			b.wanted, b.wantState, b.weight = true, want[j].State, want[j].Weight
+			next = append(next, b)
+			i, j = i+1, j+1
+		}
+	}
+
+	if v == nil && r.svcIDs.len() == 0 {
+		return fmt.Errorf("service %q: service map full (max_services = %d); raise datapath.max_services", d.Name, r.cfg.MaxServices)
+	}
+	if newIDs > r.beIDs.len() {
+		return fmt.Errorf("service %q: backend map full (max_backends = %d); raise datapath.max_backends", d.Name, r.cfg.MaxBackends)
+	}
+
+	// The table holds the active backends with a weight; reuse the
+	// programmed one when its inputs are unchanged.
+	elig, eligIdx := r.elig[:0], r.eligIdx[:0]
+	for k := range next {
+		b := &next[k]
+		if b.wanted && b.wantState == lb.Active && b.weight > 0 {
+			elig = append(elig, maglev.Backend{Addr: b.addr, Weight: b.weight})
+			eligIdx = append(eligIdx, k)
+		}
+	}
+	r.elig, r.eligIdx = elig, eligIdx
+	reuse := v != nil && v.hasTable && v.tableKeyOK && v.tableSize == d.TableSize && sameInputs(v.tableKey, next, eligIdx)
+	if !reuse {
+		slots, err := r.builder.Build(r.cfg.Seed, d.TableSize, elig, r.slots)
+		if err != nil {
+			return fmt.Errorf("service %q: build Maglev table (table_size = %d, %d eligible backends): %w", d.Name, d.TableSize, len(elig), err)
+		}
+		r.slots = slots
+	}
+
+	// Nothing can be refused any more: take the ids.
+	if v == nil {
+		id, _ := r.svcIDs.pop()
+		v = &service{id: ServiceID(id), fe: d.Frontend, seen: r.gen}
+		r.services[d.Frontend] = v
+	}
+	for k := range next {
+		if next[k].id == NoBackend {
+			id, _ := r.beIDs.pop()
+			next[k].id = BackendID(id)
+		}
+	}
+	v.backends = next
+	v.name = d.Name
+	v.clean = false
+
+	target := v.table
+	if !reuse {
+		target = r.target[:0]
+		for _, s := range r.slots {
+			target = append(target, next[eligIdx[s]].id)
+		}
+		r.target = target
+	}
+	needTable := !v.hasTable || !slices.Equal(v.table, target)
+	if !needTable {
+		v.setTableKey(d.TableSize, next, eligIdx)
+	}
+	entry := Entry(*d)
+	needEntry := !v.hasEntry || !entryEqual(&v.entry, &entry)
+	added := !v.hasEntry
+	ops := 0
+
+	for k := range v.backends {
+		b := &v.backends[k]
+		if !b.wanted || (b.programmed && b.state == b.wantState) {
+			continue
+		}
+		if err := r.dp.SetBackend(b.id, Backend{Addr: b.addr, Service: v.id, State: b.wantState}); err != nil {
+			return fmt.Errorf("service %q: SetBackend %d (%s, %s): %w; the next reconcile retries", d.Name, b.id, b.addr, b.wantState, err)
+		}
+		b.programmed, b.state = true, b.wantState
+		ops++
+		r.log.Debug("backend set", "service", d.Name, "backend", b.addr, "id", b.id, "state", b.wantState)
+	}
+
+	setTable := func(t []BackendID) error {
+		if err := r.dp.SetTable(v.id, t); err != nil {
+			return fmt.Errorf("service %q: SetTable %d (%d slots): %w; the next reconcile retries", d.Name, v.id, len(t), err)
+		}
+		v.table = append(v.table[:0], t...)
+		v.hasTable = true
+		v.tableKeyOK = false
+		ops++
+		r.log.Debug("table set", "service", d.Name, "id", v.id, "slots", len(t))
+		return nil
+	}
+	setService := func() error {
+		if err := r.dp.SetService(v.id, entry); err != nil {
+			return fmt.Errorf("service %q: SetService %d (%s): %w; the next reconcile retries", d.Name, v.id, d.Frontend, err)
+		}
+		v.entry, v.hasEntry = entry, true
+		ops++
+		r.log.Debug("service entry set", "service", d.Name, "id", v.id)
+		return nil
+	}
+
+	if needTable {
+		if err := setTable(target); err != nil {
+			return err
+		}
+		v.setTableKey(d.TableSize, next, eligIdx)
+	}
+	if needEntry {
+		if err := setService(); err != nil {
+			return err
+		}
+	}
+
+	var err error
+	kept := v.backends[:0]
+	for _, b := range v.backends {
+		if !b.wanted && err == nil {
+			if !b.programmed {
+				r.beIDs.push(uint32(b.id))
+				continue
+			}
+			if e := r.dp.DeleteBackend(b.id); e != nil {
+				err = fmt.Errorf("service %q: DeleteBackend %d (%s): %w; the next reconcile retries", d.Name, b.id, b.addr, e)
+			} else {
+				r.beIDs.push(uint32(b.id))
+				ops++
+				r.log.Debug("backend deleted", "service", d.Name, "backend", b.addr, "id", b.id)
+				continue
+			}
+		}
+		kept = append(kept, b)
+	}
+	clear(v.backends[len(kept):])
+	v.backends = kept
+	if err != nil {
+		return err
+	}
+
+	v.want = d.Clone()
+	v.clean = true
+	if added {
+		r.log.Info("service added", "service", d.Name, "frontend", d.Frontend, "id", v.id, "ops", ops)
+	} else {
+		r.log.Debug("service updated", "service", d.Name, "frontend", d.Frontend, "id", v.id, "ops", ops)
+	}
+	return nil
+}
+
+func (v *service) setTableKey(size uint32, bs []backend, idx []int) {
+	v.tableKey = v.tableKey[:0]
+	for _, k := range idx {
+		v.tableKey = append(v.tableKey, tableInput{addr: bs[k].addr, weight: bs[k].weight, id: bs[k].id})
+	}
+	v.tableSize = size
+	v.tableKeyOK = true
+}
+
+// sameInputs reports whether the eligible backends bs[idx] are the ones key
+// was built from, with the same weights and ids.
+func sameInputs(key []tableInput, bs []backend, idx []int) bool {
+	if len(key) != len(idx) {
+		return false
+	}
+	for i, k := range idx {
+		b := &bs[k]
+		if key[i] != (tableInput{addr: b.addr, weight: b.weight, id: b.id}) {
+			return false
+		}
+	}
+	return true
+}
+
+// remove takes a service that is no longer desired out of the datapath:
+// entry, table, then backends. On success it releases the ids and forgets
+// the service; on failure it keeps what is left for the next pass.
+func (r *Reconciler) remove(v *service) error {
+	label := v.label()
+	if v.hasEntry {
+		if err := r.dp.DeleteService(v.id, v.fe); err != nil {
+			return fmt.Errorf("%s: DeleteService %d: %w; the next reconcile retries", label, v.id, err)
+		}
+		v.hasEntry = false
+		v.clean = false
+	}
+	if v.hasTable {
+		if err := r.dp.DeleteTable(v.id); err != nil {
+			return fmt.Errorf("%s: DeleteTable %d: %w; the next reconcile retries", label, v.id, err)
+		}
+		v.hasTable, v.table, v.tableKeyOK = false, nil, false
+	}
+	for len(v.backends) > 0 {
+		b := v.backends[0]
+		if b.programmed {
+			if err := r.dp.DeleteBackend(b.id); err != nil {
+				return fmt.Errorf("%s: DeleteBackend %d (%s): %w; the next reconcile retries", label, b.id, b.addr, err)
+			}
+		}
+		r.beIDs.push(uint32(b.id))
+		v.backends = v.backends[1:]
+	}
+	r.svcIDs.push(uint32(v.id))
+	if r.services[v.fe] == v {
+		delete(r.services, v.fe)
+	}
+	r.log.Info("service removed", "service", v.name, "frontend", v.fe, "id", v.id)
+	v.id = NoService
+	return nil
+}
+
+// label names a service in errors about removing it; a restored service may
+// have no name yet, and an orphan not even a frontend.
+func (v *service) label() string {
+	switch {
+	case v.name != "":
+		return fmt.Sprintf("service %q", v.name)
+	case v.fe.Addr.IsValid():
+		return fmt.Sprintf("service %s (id %d)", v.fe, v.id)
+	}
+	return fmt.Sprintf("orphaned service id %d", v.id)
+}
+
+// validate refuses what the datapath could not represent, before any
+// operation is issued for the service.
+func validate(d *lb.Service) error {
+	fe := d.Frontend
+	if !fe.Addr.IsValid() {
+		return fmt.Errorf("service %q: frontend has no VIP; set its vip", d.Name)
+	}
+	if fe.Proto != lb.TCP && fe.Proto != lb.UDP {
+		return fmt.Errorf("service %q (%s): protocol %s is not supported; use tcp or udp", d.Name, fe, fe.Proto)
+	}
+	switch d.Mode {
+	case lb.ModeDefault:
+		return fmt.Errorf("service %q (%s): mode is unresolved; apply lb.Service.WithDefaults before reconciling", d.Name, fe)
+	case lb.ModeSNAT:
+	case lb.ModeDSR, lb.ModeHybrid:
+		if d.Dispatch == lb.DispatchDefault {
+			return fmt.Errorf("service %q (%s): dsr_dispatch is unresolved; apply lb.Service.WithDefaults before reconciling", d.Name, fe)
+		}
+	default:
+		return fmt.Errorf("service %q (%s): unknown mode %s", d.Name, fe, d.Mode)
+	}
+	if d.Dispatch > lb.DispatchOpt {
+		return fmt.Errorf("service %q (%s): unknown dsr_dispatch %s", d.Name, fe, d.Dispatch)
+	}
+	if d.TableSize == 0 {
+		return fmt.Errorf("service %q (%s): table size is 0; apply lb.Service.WithDefaults before reconciling", d.Name, fe)
+	}
+	for i, b := range d.Backends {
+		if !b.Addr.Addr().IsValid() {
+			return fmt.Errorf("service %q (%s): backend %d has no address", d.Name, fe, i)
+		}
+		if b.Addr.Addr().Is4() != fe.Addr.Is4() {
+			return fmt.Errorf("service %q (%s): backend %s is not in the VIP's address family", d.Name, fe, b.Addr)
+		}
+		if b.State > lb.Disabled {
+			return fmt.Errorf("service %q (%s): backend %s has unknown state %s", d.Name, fe, b.Addr, b.State)
+		}
+	}
+	return nil
+}
