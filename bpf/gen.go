@@ -1,0 +1,15 @@
+// SPDX-License-Identifier: Apache-2.0
+
+// Package bpf holds the l4lb datapath written in C and its compiled objects,
+// embedded through bpf2go. lb.c is the load balancer (XDP entry point);
+// backend.c is the backend-side companion that accepts DSR traffic. The C
+// headers under include/ declare the structures shared with Go once; bpf2go
+// generates the Go types from them (the -type flags below).
+//
+// Regenerate with `make generate`; the objects are committed and CI checks
+// that regenerating changes nothing. Only lb/datapath imports this package.
+package bpf
+
+//go:generate go tool bpf2go -cc clang-19 -strip llvm-strip-19 -target bpfel -cflags "$BPF_CFLAGS" -type svc_key -type svc_value -type backend -type flow_key -type ct_value -type lb_stats -type reason_stats -type l4lb_reason -type l4lb_mode -type l4lb_dispatch -type l4lb_svc_flags -type l4lb_backend_flags Lb lb.c
+//go:generate go tool bpf2go -cc clang-19 -strip llvm-strip-19 -target bpfel -cflags "$BPF_CFLAGS" -type l4lb_backend_reason Backend backend.c
+//go:generate go tool bpf2go -cc clang-19 -strip llvm-strip-19 -target bpfel -cflags "$BPF_CFLAGS" Floor floor.c

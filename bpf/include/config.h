@@ -1,0 +1,40 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * Load-time configuration of the LB program.
+ *
+ * lb/datapath sets these through CollectionSpec.Variables before loading, so
+ * one committed object serves every box; the verifier sees them as constants
+ * and prunes what a configuration does not use. Never replace one with an
+ * #ifdef.
+ */
+#ifndef L4LB_CONFIG_H
+#define L4LB_CONFIG_H
+
+#include <linux/types.h>
+
+/* The shared Maglev hash seed as SipHash keys: little-endian u64 of bytes
+ * 0..7 and 8..15 of maglev.hash_seed. */
+volatile const __u64 cfg_seed_k0 = 0;
+volatile const __u64 cfg_seed_k1 = 0;
+
+/*
+ * Outer source of encapsulated IPv4 packets: cfg_encap_src4 (network order)
+ * with the bits of cfg_encap_src4_host_mask (host order) taken from the flow
+ * hash. Backends hash the outer addresses to pick a receive queue (an IPIP
+ * packet shows a NIC no ports), so one source per flow spreads the load over
+ * their queues. A mask of 0 gives every packet the same source.
+ */
+volatile const __be32 cfg_encap_src4 = 0;
+volatile const __u32 cfg_encap_src4_host_mask = 0;
+
+/* The same for IPv6: the low 32 bits of cfg_encap_src6 under the mask come
+ * from the flow hash; the flow label also carries the hash. Read it only
+ * through volatile loads (see encap_source): a plain copy lets the compiler
+ * fold in the all-zero initializer. Aligned for word loads. */
+volatile const __u8 cfg_encap_src6[16] __attribute__((aligned(4))) = {};
+volatile const __u32 cfg_encap_src6_host_mask = 0;
+
+/* TTL / hop limit of outer headers the LB builds. */
+volatile const __u8 cfg_encap_ttl = 64;
+
+#endif

@@ -1,0 +1,86 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * Backend selection: the connection table first, the Maglev table second.
+ *
+ * An entry keeps an established flow on its backend when the backend set
+ * changes. It is trusted only while its backend is still programmed for the
+ * same service; otherwise the flow is balanced again and the entry rewritten.
+ *
+ * SYN-flood resistance: a TCP SYN never creates an entry. The flow is balanced
+ * statelessly (Maglev gives the same answer for the same 5-tuple) and the
+ * entry is created by the first packet without SYN, which a spoofed source
+ * never sends. A flood of spoofed SYNs therefore cannot evict established
+ * flows from the LRU.
+ */
+#ifndef L4LB_CONNTRACK_H
+#define L4LB_CONNTRACK_H
+
+#include "maglev.h"
+#include "parse.h"
+
+/* last_seen is refreshed at most this often, to keep the entry's cache line
+ * from bouncing between CPUs on every packet. */
+#define CT_REFRESH_NS 1000000000ULL
+
+struct selection {
+	const struct backend *be;
+	__u32 backend_id;
+	__u32 hash;     /* entropy for outer headers */
+	int new_flow;   /* an entry was created or re-balanced */
+};
+
+static __always_inline const struct backend *backend_of(__u32 id, __u32 svc_id)
+{
+	const struct backend *be = bpf_map_lookup_elem(&backends, &id);
+
+	if (!be || !(be->flags & L4LB_BACKEND_ACTIVE) || be->svc_id != svc_id)
+		return NULL;
+	return be;
+}
+
+/* Fills sel and returns -1, or returns L4LB_R_DROP_NO_BACKEND. */
+static __always_inline int select_backend(struct packet *p, const struct svc_value *svc,
+					  struct selection *sel)
+{
+	struct ct_value *ct = bpf_map_lookup_elem(&conntrack, &p->key);
+	__u64 now = bpf_ktime_get_coarse_ns();
+	__u64 hash;
+	__u32 id;
+
+	sel->new_flow = 0;
+	if (ct && ct->svc_id == svc->id) {
+		id = ct->backend_id;
+		sel->be = backend_of(id, svc->id);
+		if (sel->be) {
+			if (now - ct->last_seen > CT_REFRESH_NS)
+				ct->last_seen = now;
+			sel->backend_id = id;
+			sel->hash = ct->hash;
+			return -1;
+		}
+	}
+
+	hash = flow_hash(&p->key);
+	id = maglev_pick(svc->id, hash, svc->flags & L4LB_SVC_RANDOM);
+	sel->be = backend_of(id, svc->id);
+	if (!sel->be)
+		return L4LB_R_DROP_NO_BACKEND;
+	sel->backend_id = id;
+	sel->hash = (__u32)hash;
+
+	if (ct || p->key.proto != IPPROTO_TCP ||
+	    (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) != TCP_FLAG_SYN) {
+		struct ct_value v = {
+			.backend_id = id,
+			.svc_id = svc->id,
+			.last_seen = now,
+			.hash = (__u32)hash,
+		};
+
+		bpf_map_update_elem(&conntrack, &p->key, &v, BPF_ANY);
+		sel->new_flow = 1;
+	}
+	return -1;
+}
+
+#endif

@@ -1,0 +1,104 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * Maps of the LB program. Sizes here are placeholders: lb/datapath sets
+ * max_entries from the config (datapath.max_services, max_backends,
+ * conntrack_max) before loading. Every map is pinned by name under
+ * daemon.bpffs so a restarted l4lbd adopts the live state.
+ */
+#ifndef L4LB_MAPS_H
+#define L4LB_MAPS_H
+
+#include "common.h"
+#include "types.h"
+
+/* Frontend -> service. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct svc_key);
+	__type(value, struct svc_value);
+	__uint(max_entries, 4096);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} services SEC(".maps");
+
+/* Backend id -> backend. An array: ids are small and the lookup is inlined. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct backend);
+	__uint(max_entries, 65537);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} backends SEC(".maps");
+
+/*
+ * Service id -> that service's Maglev table, in chunks of MAGLEV_CHUNK ids. The table
+ * carries its own size in id 0, so a swapped-in table always matches the
+ * size it was built for. The control plane builds a new inner map and
+ * replaces the outer element: a packet sees the old table or the new one,
+ * never a mix.
+ */
+struct maglev_inner {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, __u32[MAGLEV_CHUNK]);
+	__uint(max_entries, 1);
+	__uint(map_flags, BPF_F_INNER_MAP);
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
+	__type(key, __u32);
+	__uint(max_entries, 4097);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__array(values, struct maglev_inner);
+} maglev SEC(".maps");
+
+/*
+ * Flow -> backend. An LRU with per-CPU eviction lists: a flow arrives on one
+ * CPU (RSS), so CPUs do not contend on a shared list.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct flow_key);
+	__type(value, struct ct_value);
+	__uint(max_entries, 1048576);
+	__uint(map_flags, BPF_F_NO_COMMON_LRU);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} conntrack SEC(".maps");
+
+/* Per-CPU counters by service id and by backend id. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct lb_stats);
+	__uint(max_entries, 4097);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} svc_stats SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct lb_stats);
+	__uint(max_entries, 65537);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} backend_stats SEC(".maps");
+
+/* Per-CPU counters by enum l4lb_reason. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, enum l4lb_reason);
+	__type(value, struct reason_stats);
+	__uint(max_entries, L4LB_R_MAX);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} reasons SEC(".maps");
+
+/* Interfaces the LB may redirect to (ifindex -> ifindex). */
+struct {
+	__uint(type, BPF_MAP_TYPE_DEVMAP_HASH);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(max_entries, 64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} tx_ports SEC(".maps");
+
+#endif

@@ -1,0 +1,36 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* Per-CPU counters: per service, per backend, per reason. */
+#ifndef L4LB_STATS_H
+#define L4LB_STATS_H
+
+#include "maps.h"
+
+static __always_inline void count_reason(__u32 reason, __u64 bytes)
+{
+	struct reason_stats *s = bpf_map_lookup_elem(&reasons, &reason);
+
+	if (s) {
+		s->packets++;
+		s->bytes += bytes;
+	}
+}
+
+/* Count one forwarded packet of len bytes; new_flow when it created an entry. */
+static __always_inline void count_forward(__u32 svc_id, __u32 backend_id, __u64 len, int new_flow)
+{
+	struct lb_stats *s = bpf_map_lookup_elem(&svc_stats, &svc_id);
+
+	if (s) {
+		s->packets++;
+		s->bytes += len;
+		s->new_flows += new_flow;
+	}
+	s = bpf_map_lookup_elem(&backend_stats, &backend_id);
+	if (s) {
+		s->packets++;
+		s->bytes += len;
+		s->new_flows += new_flow;
+	}
+}
+
+#endif

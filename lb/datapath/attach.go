@@ -1,0 +1,205 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package datapath
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+)
+
+// XDPMode selects how the program is attached to a driver.
+type XDPMode int
+
+// XDP attach modes.
+const (
+	// XDPAuto tries native mode and falls back to generic with a warning.
+	XDPAuto XDPMode = iota
+	// XDPNative requires driver support.
+	XDPNative
+	// XDPGeneric runs in the stack's generic hook on any device (slower).
+	XDPGeneric
+)
+
+// String returns the config name of the mode.
+func (m XDPMode) String() string {
+	switch m {
+	case XDPNative:
+		return "native"
+	case XDPGeneric:
+		return "generic"
+	}
+	return "auto"
+}
+
+func (d *LB) linkPin(iface string) string {
+	return filepath.Join(d.cfg.PinPath, linkDir, "xdp-"+iface)
+}
+
+// AttachXDP attaches the LB program to iface and lets it transmit there.
+// When a link pinned by an earlier l4lbd is found for the interface, its
+// program is replaced in one step (no detach, no packet goes unhandled).
+// The interface's IPv4/IPv6 forwarding is switched on: bpf_fib_lookup
+// refuses to route for an interface that does not forward.
+func (d *LB) AttachXDP(iface string, mode XDPMode) error {
+	ifc, err := net.InterfaceByName(iface)
+	if err != nil {
+		return fmt.Errorf("attach to %s: %w", iface, err)
+	}
+	if err := enableForwarding(iface); err != nil {
+		return err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+
+	if l, ok := d.adoptLink(iface, ifc.Index); ok {
+		if err := l.Update(d.prog); err != nil {
+			l.Close()
+			return fmt.Errorf("replace program on %s: %w", iface, err)
+		}
+		d.links[iface] = l
+		d.log.Info("replaced XDP program in place", "interface", iface)
+	} else {
+		l, err := d.attachNew(iface, ifc.Index, mode)
+		if err != nil {
+			return err
+		}
+		d.links[iface] = l
+	}
+	idx := uint32(ifc.Index)
+	if err := d.txPorts.Update(&idx, &idx, ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("allow transmit on %s: %w", iface, err)
+	}
+	return nil
+}
+
+// adoptLink loads the link pinned for iface if it is an XDP link on the
+// same interface index; a stale pin (interface re-created) is removed.
+func (d *LB) adoptLink(iface string, index int) (link.Link, bool) {
+	if d.cfg.PinPath == "" {
+		return nil, false
+	}
+	path := d.linkPin(iface)
+	l, err := link.LoadPinnedLink(path, nil)
+	if err != nil {
+		return nil, false
+	}
+	info, err := l.Info()
+	if err == nil && info.Type == link.XDPType {
+		if x := info.XDP(); x != nil && int(x.Ifindex) == index {
+			return l, true
+		}
+	}
+	d.log.Warn("removing a stale pinned XDP link", "interface", iface, "pin", path)
+	_ = l.Unpin()
+	l.Close()
+	return nil, false
+}
+
+func (d *LB) attachNew(iface string, index int, mode XDPMode) (link.Link, error) {
+	try := func(flags link.XDPAttachFlags) (link.Link, error) {
+		return link.AttachXDP(link.XDPOptions{Program: d.prog, Interface: index, Flags: flags})
+	}
+	var (
+		l   link.Link
+		err error
+	)
+	switch mode {
+	case XDPNative:
+		l, err = try(link.XDPDriverMode)
+	case XDPGeneric:
+		l, err = try(link.XDPGenericMode)
+	default:
+		l, err = try(link.XDPDriverMode)
+		if err != nil {
+			d.log.Warn("native XDP failed, falling back to generic XDP (slower)", "interface", iface, "error", err)
+			l, err = try(link.XDPGenericMode)
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("attach XDP (%s) to %s: %w; another XDP program may be attached, or use attach = \"tc\"", mode, iface, err)
+	}
+	if d.cfg.PinPath != "" {
+		if err := l.Pin(d.linkPin(iface)); err != nil {
+			l.Close()
+			return nil, fmt.Errorf("pin XDP link of %s: %w", iface, err)
+		}
+	}
+	d.log.Info("attached XDP program", "interface", iface, "mode", mode)
+	return l, nil
+}
+
+// DetachXDP removes the program from iface and forgets its pin.
+func (d *LB) DetachXDP(iface string) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	l, ok := d.links[iface]
+	if !ok {
+		if d.cfg.PinPath == "" {
+			return nil
+		}
+		var err error
+		if l, err = link.LoadPinnedLink(d.linkPin(iface), nil); err != nil {
+			return nil
+		}
+	}
+	delete(d.links, iface)
+	var errs []error
+	if d.cfg.PinPath != "" {
+		if err := l.Unpin(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	errs = append(errs, l.Close())
+	if ifc, err := net.InterfaceByName(iface); err == nil {
+		idx := uint32(ifc.Index)
+		_ = d.txPorts.Delete(&idx)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("detach XDP from %s: %w", iface, err)
+	}
+	return nil
+}
+
+// PinnedInterfaces lists the interfaces with an XDP link pinned by an
+// earlier l4lbd, so the daemon can detach those no longer configured.
+func (d *LB) PinnedInterfaces() []string {
+	if d.cfg.PinPath == "" {
+		return nil
+	}
+	paths, _ := filepath.Glob(filepath.Join(d.cfg.PinPath, linkDir, "xdp-*"))
+	var out []string
+	for _, p := range paths {
+		out = append(out, strings.TrimPrefix(filepath.Base(p), "xdp-"))
+	}
+	return out
+}
+
+// enableForwarding switches on IPv4 and IPv6 forwarding for iface.
+func enableForwarding(iface string) error {
+	for _, p := range []string{
+		"/proc/sys/net/ipv4/conf/" + iface + "/forwarding",
+		"/proc/sys/net/ipv6/conf/" + iface + "/forwarding",
+	} {
+		cur, err := os.ReadFile(p)
+		if err != nil {
+			if errors.Is(err, os.ErrNotExist) {
+				continue // IPv6 disabled on this interface
+			}
+			return fmt.Errorf("read %s: %w", p, err)
+		}
+		if strings.TrimSpace(string(cur)) == "1" {
+			continue
+		}
+		if err := os.WriteFile(p, []byte("1"), 0o644); err != nil {
+			return fmt.Errorf("enable forwarding (%s): %w", p, err)
+		}
+	}
+	return nil
+}

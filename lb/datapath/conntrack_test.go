@@ -1,0 +1,338 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package datapath_test
+
+import (
+	"net/netip"
+	"testing"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/l4lb/l4lb/lb"
+	"github.com/l4lb/l4lb/lb/datapath"
+	"github.com/l4lb/l4lb/lb/maglev"
+)
+
+// established is a flow the test opened and the backend it went to.
+type established struct {
+	flow    maglev.Flow
+	backend netip.Addr
+}
+
+// open sends a SYN and then an ACK for each flow and returns where they
+// went. The SYN must leave the connection table alone; the ACK must add an
+// entry.
+func (e *env) open(t *testing.T, svc lb.Service, flows []maglev.Flow) []established {
+	t.Helper()
+	n0 := e.conntrackEntries(t)
+	syns := make([][]byte, len(flows))
+	for i, f := range flows {
+		syns[i] = e.frame(t, packet(f, true, false, nil))
+	}
+	for i, r := range e.runAll(t, syns) {
+		e.checkTX(t, syns[i], r)
+	}
+	if n := e.conntrackEntries(t); n != n0 {
+		t.Fatalf("%d SYNs changed the connection table from %d to %d entries, want no change", len(flows), n0, n)
+	}
+	out := e.send(t, svc, flows)
+	if n := e.conntrackEntries(t); n != n0+len(flows) {
+		t.Fatalf("%d first ACKs left %d entries (from %d), want one entry per flow", len(flows), n, n0)
+	}
+	for _, c := range out {
+		if want := mustPick(t, svc, c.flow); c.backend != want {
+			t.Fatalf("new flow %+v went to %s, want the table's choice %s", c.flow, c.backend, want)
+		}
+	}
+	return out
+}
+
+// send sends one ACK (a datagram for UDP) per flow and returns where each
+// went.
+func (e *env) send(t *testing.T, svc lb.Service, flows []maglev.Flow) []established {
+	t.Helper()
+	frames := make([][]byte, len(flows))
+	for i, f := range flows {
+		frames[i] = e.frame(t, packet(f, false, true, []byte("data")))
+	}
+	out := make([]established, len(flows))
+	for i, r := range e.runAll(t, frames) {
+		out[i] = established{flow: flows[i], backend: e.checkTX(t, frames[i], r)}
+	}
+	return out
+}
+
+func (e *env) conntrackEntries(t testing.TB) int {
+	t.Helper()
+	n, err := e.lb.ConntrackEntries()
+	if err != nil {
+		t.Fatalf("count connection table entries: %v", err)
+	}
+	return n
+}
+
+// moved returns the flows whose new-flow choice under svc differs from the
+// backend they are established on.
+func moved(t testing.TB, svc lb.Service, flows []established) []established {
+	t.Helper()
+	var out []established
+	for _, c := range flows {
+		if mustPick(t, svc, c.flow) != c.backend {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// expectSticky checks that every flow still goes to its backend.
+func (e *env) expectSticky(t *testing.T, svc lb.Service, flows []established) {
+	t.Helper()
+	for i, got := range e.send(t, svc, flowsOf(flows)) {
+		if got.backend != flows[i].backend {
+			t.Errorf("established flow %+v moved from %s to %s", flows[i].flow, flows[i].backend, got.backend)
+		}
+	}
+}
+
+func flowsOf(cs []established) []maglev.Flow {
+	out := make([]maglev.Flow, len(cs))
+	for i, c := range cs {
+		out[i] = c.flow
+	}
+	return out
+}
+
+// TestConntrackKeepsFlows checks that established flows keep their backend
+// while backends are added and weights change, and that a flow whose
+// backend is removed is balanced again.
+func TestConntrackKeepsFlows(t *testing.T) {
+	for _, fam := range families {
+		t.Run(fam.name, func(t *testing.T) {
+			e := newEnv(t)
+			b := fam.backends
+			svc := dsrService("web", fam.vip, 80, lb.TCP, b[0], b[1])
+			e.reconcile(t, svc)
+			conns := e.open(t, svc, randomFlows(svc.Frontend, 64, 1))
+
+			// A third backend takes about a third of the slots.
+			svc = dsrService("web", fam.vip, 80, lb.TCP, b[0], b[1], b[2])
+			e.reconcile(t, svc)
+			if m := moved(t, svc, conns); len(m) == 0 {
+				t.Fatalf("no established flow's slot moved to %s: pick more flows", b[2])
+			}
+			e.expectSticky(t, svc, conns)
+			// The table did change: a new flow follows it.
+			expectNewFlowsFollowTable(t, e, svc)
+
+			// A weight change moves slots between the existing backends.
+			svc.Backends[0].Weight = 5
+			e.reconcile(t, svc)
+			if m := moved(t, svc, conns); len(m) == 0 {
+				t.Fatalf("no established flow's slot moved after raising %s's weight", b[0])
+			}
+			e.expectSticky(t, svc, conns)
+
+			// Removing b[1] re-balances its flows by the new table and
+			// rewrites their entries (no new entry is added).
+			svc = dsrService("web", fam.vip, 80, lb.TCP, b[0], b[2])
+			svc.Backends[0].Weight = 5
+			e.reconcile(t, svc)
+			n0 := e.conntrackEntries(t)
+			var orphans, kept []established
+			for _, c := range conns {
+				if c.backend == b[1] {
+					orphans = append(orphans, c)
+				} else {
+					kept = append(kept, c)
+				}
+			}
+			if len(orphans) == 0 {
+				t.Fatalf("no established flow was on %s", b[1])
+			}
+			rebalanced := e.send(t, svc, flowsOf(orphans))
+			for _, c := range rebalanced {
+				if want := mustPick(t, svc, c.flow); c.backend != want {
+					t.Errorf("flow %+v of removed backend %s went to %s, want the new table's %s", c.flow, b[1], c.backend, want)
+				}
+			}
+			e.expectSticky(t, svc, kept)
+			if n := e.conntrackEntries(t); n != n0 {
+				t.Errorf("re-balancing changed the connection table from %d to %d entries, want its entries rewritten", n0, n)
+			}
+
+			// The rewritten entries hold: adding a backend does not move
+			// the re-balanced flows.
+			svc = dsrService("web", fam.vip, 80, lb.TCP, b[0], b[2], b[3])
+			svc.Backends[0].Weight = 5
+			e.reconcile(t, svc)
+			if m := moved(t, svc, rebalanced); len(m) == 0 {
+				t.Fatalf("no re-balanced flow's slot moved to %s: pick more flows", b[3])
+			}
+			e.expectSticky(t, svc, rebalanced)
+			e.expectSticky(t, svc, kept)
+		})
+	}
+}
+
+// expectNewFlowsFollowTable sends SYNs of fresh flows and checks they go
+// where the current table says.
+func expectNewFlowsFollowTable(t *testing.T, e *env, svc lb.Service) {
+	t.Helper()
+	flows := randomFlows(svc.Frontend, 64, 99)
+	frames := make([][]byte, len(flows))
+	for i, f := range flows {
+		frames[i] = e.frame(t, packet(f, true, false, nil))
+	}
+	for i, r := range e.runAll(t, frames) {
+		if got, want := e.checkTX(t, frames[i], r), mustPick(t, svc, flows[i]); got != want {
+			t.Errorf("new flow %+v went to %s, want %s", flows[i], got, want)
+		}
+	}
+}
+
+// TestConntrackSYNFlood checks that a flood of spoofed SYNs, ten times the
+// connection table's capacity, neither adds entries nor evicts established
+// flows.
+func TestConntrackSYNFlood(t *testing.T) {
+	const capacity = 1024
+	cpus, err := ebpf.PossibleCPU()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The LRU keeps one list per possible CPU with capacity/cpus entries
+	// each; stay well below one list's share so that the established
+	// flows fit wherever the test thread runs.
+	nConns := min(64, max(1, capacity/cpus/4))
+
+	e := newEnvWith(t, envOptions{conntrackMax: capacity})
+	for _, fam := range families {
+		t.Run(fam.name, func(t *testing.T) {
+			b := fam.backends
+			svc := dsrService("web", fam.vip, 80, lb.TCP, b[0], b[1])
+			e.reconcile(t, svc)
+			n0 := e.conntrackEntries(t)
+			conns := e.open(t, svc, randomFlows(svc.Frontend, nConns, 7))
+
+			flood := randomFlows(svc.Frontend, 10*capacity, 8)
+			frames := make([][]byte, len(flood))
+			for i, f := range flood {
+				frames[i] = e.frame(t, packet(f, true, false, nil))
+			}
+			for i, r := range e.runAll(t, frames) {
+				if r.verdict != xdpTX {
+					t.Fatalf("spoofed SYN %d: verdict %s, want XDP_TX (balanced statelessly)", i, verdictName(r.verdict))
+				}
+			}
+			if n := e.conntrackEntries(t); n != n0+nConns {
+				t.Errorf("after %d SYNs the connection table holds %d entries, want the %d established ones", len(flood), n, n0+nConns)
+			}
+
+			// Move slots so that the entries, not the table, decide.
+			svc = dsrService("web", fam.vip, 80, lb.TCP, b[0], b[1], b[2])
+			e.reconcile(t, svc)
+			if m := moved(t, svc, conns); len(m) == 0 {
+				t.Fatalf("no established flow's slot moved: pick more flows")
+			}
+			e.expectSticky(t, svc, conns)
+		})
+	}
+}
+
+// TestConntrackDraining checks that a draining backend keeps its
+// established flows and gets no new ones.
+func TestConntrackDraining(t *testing.T) {
+	for _, fam := range families {
+		t.Run(fam.name, func(t *testing.T) {
+			e := newEnv(t)
+			b := fam.backends
+			svc := dsrService("web", fam.vip, 80, lb.TCP, b[0], b[1], b[2])
+			e.reconcile(t, svc)
+			conns := e.open(t, svc, randomFlows(svc.Frontend, 64, 3))
+			var onDraining int
+			for _, c := range conns {
+				if c.backend == b[1] {
+					onDraining++
+				}
+			}
+			if onDraining == 0 {
+				t.Fatalf("no established flow on %s", b[1])
+			}
+
+			svc.Backends[1].State = lb.Draining
+			e.reconcile(t, svc)
+			e.expectSticky(t, svc, conns)
+
+			// New flows, with SYN or without, avoid the draining backend.
+			fresh := randomFlows(svc.Frontend, 300, 4)
+			for _, c := range e.send(t, svc, fresh) {
+				if c.backend == b[1] {
+					t.Errorf("new flow %+v went to draining backend %s", c.flow, b[1])
+				}
+				if want := mustPick(t, svc, c.flow); c.backend != want {
+					t.Errorf("new flow %+v went to %s, want %s", c.flow, c.backend, want)
+				}
+			}
+		})
+	}
+}
+
+// TestCounters checks the per-service and per-backend packet, byte (L3
+// length) and new-flow counters.
+func TestCounters(t *testing.T) {
+	for _, fam := range families {
+		for _, proto := range []lb.Protocol{lb.TCP, lb.UDP} {
+			t.Run(fam.name+"/"+proto.String(), func(t *testing.T) {
+				e := newEnv(t)
+				svc := dsrService("svc", fam.vip, 80, proto, fam.backends[:3]...)
+				e.reconcile(t, svc)
+				f := flowTo(svc.Frontend, fam.client, 40100)
+				be := mustPick(t, svc, f)
+
+				// A TCP flow is new at its first packet without SYN; a
+				// UDP flow at its first datagram.
+				steps := []struct {
+					p   []byte
+					new uint64
+				}{
+					{p: e.frame(t, packet(f, true, false, nil)), new: 0},
+					{p: e.frame(t, packet(f, false, true, make([]byte, 100))), new: 1},
+					{p: e.frame(t, packet(f, false, true, make([]byte, 7))), new: 0},
+				}
+				if proto == lb.UDP {
+					steps[0].new, steps[1].new = 1, 0
+				}
+				var want datapath.Counters
+				for i, s := range steps {
+					if got := e.checkTX(t, s.p, e.run(t, s.p)); got != be {
+						t.Fatalf("packet %d went to %s, want %s", i, got, be)
+					}
+					want.Packets++
+					want.Bytes += sizeOfL3(t, s.p)
+					want.NewFlows += s.new
+
+					st := e.state(t, svc.Frontend)
+					got, err := e.lb.ServiceCounters(st.ID)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if got != want {
+						t.Errorf("after packet %d: service counters %+v, want %+v", i, got, want)
+					}
+					for _, entry := range st.Backends {
+						got, err := e.lb.BackendCounters(entry.ID)
+						if err != nil {
+							t.Fatal(err)
+						}
+						w := datapath.Counters{}
+						if entry.Addr.Addr() == be {
+							w = want
+						}
+						if got != w {
+							t.Errorf("after packet %d: backend %s counters %+v, want %+v", i, entry.Addr, got, w)
+						}
+					}
+				}
+			})
+		}
+	}
+}

@@ -1,0 +1,291 @@
+// SPDX-License-Identifier: Apache-2.0
+
+// Package datapath is the only part of l4lb that touches kernel objects. It
+// loads the BPF programs of package bpf, pins their maps under the daemon's
+// bpffs directory, attaches the load balancer to interfaces (XDP), writes the
+// maps on behalf of the reconciler (it implements reconciler.Datapath), keeps
+// the neighbours of backends resolved, and reads the per-CPU counters for
+// status and metrics. It also runs the backend companion (`l4lbd backend`).
+//
+// Everything above this package works on the lb model and is tested against
+// reconcilertest.Fake; the tests here run the real programs with
+// BPF_PROG_TEST_RUN on packets built in Go.
+package datapath
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/btf"
+	"github.com/cilium/ebpf/link"
+
+	"github.com/l4lb/l4lb/bpf"
+	"github.com/l4lb/l4lb/lb/maglev"
+)
+
+// Config is what the load balancer's datapath is built from.
+type Config struct {
+	// PinPath is the bpffs directory for pinned maps and links
+	// (daemon.bpffs). Empty means nothing is pinned: tests and benchmarks.
+	PinPath string
+	// Seed is the shared Maglev hash seed; the flow hash is keyed with it.
+	Seed maglev.Seed
+	// EncapSource4 and EncapSource6 are the prefixes outer source addresses
+	// of encapsulated packets are drawn from: the host bits come from the
+	// flow hash, so one backend's traffic spreads over its receive queues.
+	// A /32 (/128) gives every packet the same source. Zero values take
+	// DefaultEncapSource4 / DefaultEncapSource6.
+	EncapSource4 netip.Prefix
+	EncapSource6 netip.Prefix
+	// Capacities of the service, backend and connection maps.
+	MaxServices  uint32
+	MaxBackends  uint32
+	ConntrackMax uint32
+	// KeepNeighbours makes the datapath keep a managed neighbour entry for
+	// every backend's next hop, so traffic never waits for ARP / ND.
+	KeepNeighbours bool
+	Log            *slog.Logger
+}
+
+// Default encapsulation source prefixes. 172.16.0.0/16 and 100::/64 (the
+// RFC 6666 discard prefix) are never a client's address in practice, so a
+// backend's ICMP about an outer header cannot reach a real host; operators
+// whose network filters sources pick their own prefix.
+var (
+	DefaultEncapSource4 = netip.MustParsePrefix("172.16.0.0/16")
+	DefaultEncapSource6 = netip.MustParsePrefix("100::/64")
+)
+
+// LB is the loaded load-balancer datapath.
+type LB struct {
+	cfg  Config
+	log  *slog.Logger
+	coll *ebpf.Collection
+	prog *ebpf.Program
+
+	services     *ebpf.Map
+	backends     *ebpf.Map
+	maglev       *ebpf.Map
+	conntrack    *ebpf.Map
+	svcStats     *ebpf.Map
+	backendStats *ebpf.Map
+	reasons      *ebpf.Map
+	txPorts      *ebpf.Map
+	inner        *ebpf.MapSpec
+
+	reasonNames []string
+	cpus        int
+
+	mu    sync.Mutex
+	links map[string]link.Link
+	neigh *neighbours
+}
+
+const linkDir = "links"
+
+// Load loads the LB program and its maps. With a PinPath, maps already
+// pinned there are adopted (their contents survive a restart) and new ones
+// are pinned; a pinned map whose layout or size no longer matches is an
+// error naming the map, never silently replaced.
+func Load(cfg Config) (*LB, error) {
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	if !cfg.EncapSource4.IsValid() {
+		cfg.EncapSource4 = DefaultEncapSource4
+	}
+	if !cfg.EncapSource6.IsValid() {
+		cfg.EncapSource6 = DefaultEncapSource6
+	}
+	if cfg.MaxServices == 0 || cfg.MaxBackends == 0 || cfg.ConntrackMax == 0 {
+		return nil, fmt.Errorf("datapath: max_services, max_backends and conntrack_max must be positive")
+	}
+	spec, err := bpf.LoadLb()
+	if err != nil {
+		return nil, fmt.Errorf("datapath: read embedded LB object: %w", err)
+	}
+	if err := configure(spec, cfg); err != nil {
+		return nil, err
+	}
+	names, err := enumNames(spec.Types, "l4lb_reason", "L4LB_R_")
+	if err != nil {
+		return nil, err
+	}
+	cpus, err := ebpf.PossibleCPU()
+	if err != nil {
+		return nil, fmt.Errorf("datapath: count CPUs: %w", err)
+	}
+
+	opts := ebpf.CollectionOptions{}
+	if cfg.PinPath != "" {
+		if err := os.MkdirAll(filepath.Join(cfg.PinPath, linkDir), 0o700); err != nil {
+			return nil, fmt.Errorf("datapath: create pin directory: %w (is %s on a bpffs mount?)", err, cfg.PinPath)
+		}
+		opts.Maps.PinPath = cfg.PinPath
+	} else {
+		for _, m := range spec.Maps {
+			m.Pinning = ebpf.PinNone
+		}
+	}
+	coll, err := ebpf.NewCollectionWithOptions(spec, opts)
+	if err != nil {
+		var ve *ebpf.VerifierError
+		if errors.As(err, &ve) {
+			return nil, fmt.Errorf("datapath: the kernel's verifier rejected the LB program: %+v", ve)
+		}
+		if errors.Is(err, ebpf.ErrMapIncompatible) {
+			return nil, fmt.Errorf("datapath: a map pinned under %s does not match this configuration or version: %w; "+
+				"restore the previous capacities, or run `l4lbd --cleanup` (this drops connection state)", cfg.PinPath, err)
+		}
+		return nil, fmt.Errorf("datapath: load LB program: %w", err)
+	}
+	d := &LB{
+		cfg:          cfg,
+		log:          cfg.Log,
+		coll:         coll,
+		prog:         coll.Programs[bpf.LbProgL4lbXdp],
+		services:     coll.Maps[bpf.LbMapServices],
+		backends:     coll.Maps[bpf.LbMapBackends],
+		maglev:       coll.Maps[bpf.LbMapMaglev],
+		conntrack:    coll.Maps[bpf.LbMapConntrack],
+		svcStats:     coll.Maps[bpf.LbMapSvcStats],
+		backendStats: coll.Maps[bpf.LbMapBackendStats],
+		reasons:      coll.Maps[bpf.LbMapReasons],
+		txPorts:      coll.Maps[bpf.LbMapTxPorts],
+		inner:        spec.Maps[bpf.LbMapMaglev].InnerMap.Copy(),
+		reasonNames:  names,
+		cpus:         cpus,
+		links:        map[string]link.Link{},
+	}
+	if cfg.KeepNeighbours {
+		d.neigh = newNeighbours(cfg.Log)
+	}
+	return d, nil
+}
+
+// configure sets load-time constants and map capacities on the spec.
+func configure(spec *ebpf.CollectionSpec, cfg Config) error {
+	k0, k1 := seedKeys(cfg.Seed)
+	src4, mask4, err := encapSource4(cfg.EncapSource4)
+	if err != nil {
+		return err
+	}
+	src6, mask6, err := encapSource6(cfg.EncapSource6)
+	if err != nil {
+		return err
+	}
+	vars := map[string]any{
+		bpf.LbVarCfgSeedK0:            k0,
+		bpf.LbVarCfgSeedK1:            k1,
+		bpf.LbVarCfgEncapSrc4:         src4,
+		bpf.LbVarCfgEncapSrc4HostMask: mask4,
+		bpf.LbVarCfgEncapSrc6:         src6,
+		bpf.LbVarCfgEncapSrc6HostMask: mask6,
+	}
+	for name, v := range vars {
+		vs, ok := spec.Variables[name]
+		if !ok {
+			return fmt.Errorf("datapath: LB object lacks variable %s (stale bpf objects? run make generate)", name)
+		}
+		if err := vs.Set(v); err != nil {
+			return fmt.Errorf("datapath: set %s: %w", name, err)
+		}
+	}
+	sizes := map[string]uint32{
+		bpf.LbMapServices:     cfg.MaxServices,
+		bpf.LbMapMaglev:       cfg.MaxServices + 1,
+		bpf.LbMapSvcStats:     cfg.MaxServices + 1,
+		bpf.LbMapBackends:     cfg.MaxBackends + 1,
+		bpf.LbMapBackendStats: cfg.MaxBackends + 1,
+		bpf.LbMapConntrack:    cfg.ConntrackMax,
+	}
+	for name, n := range sizes {
+		spec.Maps[name].MaxEntries = n
+	}
+	return nil
+}
+
+// enumNames maps a C enum's values (0..MAX-1) to lower-case names without
+// the prefix, read from the object's BTF, so that names cannot drift from C.
+func enumNames(types *btf.Spec, enum, prefix string) ([]string, error) {
+	var e *btf.Enum
+	if err := types.TypeByName(enum, &e); err != nil {
+		return nil, fmt.Errorf("datapath: BTF of the object lacks enum %s: %w", enum, err)
+	}
+	var names []string
+	for _, v := range e.Values {
+		name := strings.TrimPrefix(v.Name, prefix)
+		if name == "MAX" {
+			continue
+		}
+		for uint64(len(names)) <= v.Value {
+			names = append(names, "")
+		}
+		names[v.Value] = strings.ToLower(name)
+	}
+	for i, n := range names {
+		if n == "" {
+			return nil, fmt.Errorf("datapath: enum %s has no name for value %d", enum, i)
+		}
+	}
+	return names, nil
+}
+
+// Program is the XDP program, for packet tests and benchmarks.
+func (d *LB) Program() *ebpf.Program { return d.prog }
+
+// ReasonNames are the names of the reason counters, by index.
+func (d *LB) ReasonNames() []string { return append([]string(nil), d.reasonNames...) }
+
+// Close releases the process's handles. Pinned maps and links stay, and so
+// does the attached program: traffic keeps flowing while l4lbd restarts.
+func (d *LB) Close() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var errs []error
+	for name, l := range d.links {
+		if err := l.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("close link on %s: %w", name, err))
+		}
+	}
+	d.links = map[string]link.Link{}
+	if d.neigh != nil {
+		d.neigh.close()
+	}
+	d.coll.Close()
+	return errors.Join(errs...)
+}
+
+// Cleanup detaches every link pinned under pinPath and removes every pin
+// and the directory itself: `l4lbd --cleanup`. It is safe to run when
+// nothing is there.
+func Cleanup(pinPath string) error {
+	if pinPath == "" {
+		return errors.New("datapath: cleanup needs the bpffs directory")
+	}
+	var errs []error
+	links, _ := filepath.Glob(filepath.Join(pinPath, linkDir, "*"))
+	for _, p := range links {
+		l, err := link.LoadPinnedLink(p, nil)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("load pinned link %s: %w", p, err))
+			continue
+		}
+		if err := l.Unpin(); err != nil {
+			errs = append(errs, fmt.Errorf("unpin %s: %w", p, err))
+		}
+		// Closing the last reference to an unpinned link detaches it.
+		l.Close()
+	}
+	if err := os.RemoveAll(pinPath); err != nil && !errors.Is(err, os.ErrNotExist) {
+		errs = append(errs, fmt.Errorf("remove %s: %w", pinPath, err))
+	}
+	return errors.Join(errs...)
+}

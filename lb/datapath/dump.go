@@ -1,0 +1,166 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package datapath
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/l4lb/l4lb/bpf"
+	"github.com/l4lb/l4lb/lb"
+	"github.com/l4lb/l4lb/lb/reconciler"
+)
+
+// State reads back what the maps hold, in the form the reconciler adopts
+// after a restart (reconciler.NewFromState). Service names are not stored
+// in the kernel; the daemon fills them from its configuration.
+func (d *LB) State() (reconciler.State, error) {
+	byID := map[reconciler.ServiceID]*reconciler.ServiceState{}
+	get := func(id reconciler.ServiceID) *reconciler.ServiceState {
+		s, ok := byID[id]
+		if !ok {
+			s = &reconciler.ServiceState{ID: id}
+			byID[id] = s
+		}
+		return s
+	}
+
+	var (
+		k bpf.LbSvcKey
+		v bpf.LbSvcValue
+	)
+	it := d.services.Iterate()
+	for it.Next(&k, &v) {
+		s := get(reconciler.ServiceID(v.Id))
+		s.HasEntry = true
+		s.Service = entryFromMap(k, v)
+	}
+	if err := it.Err(); err != nil {
+		return reconciler.State{}, fmt.Errorf("read service map: %w", err)
+	}
+
+	var (
+		bk uint32
+		bv bpf.LbBackend
+	)
+	bit := d.backends.Iterate()
+	for bit.Next(&bk, &bv) {
+		if bv.Flags == 0 {
+			continue
+		}
+		s := get(reconciler.ServiceID(bv.SvcId))
+		s.Backends = append(s.Backends, reconciler.BackendEntry{ID: reconciler.BackendID(bk), Backend: backendFromMap(bv)})
+	}
+	if err := bit.Err(); err != nil {
+		return reconciler.State{}, fmt.Errorf("read backend map: %w", err)
+	}
+
+	var (
+		mk  uint32
+		mid ebpf.MapID
+	)
+	mit := d.maglev.Iterate()
+	for mit.Next(&mk, &mid) {
+		table, err := readTable(mid)
+		if err != nil {
+			return reconciler.State{}, fmt.Errorf("read Maglev table of service id %d: %w", mk, err)
+		}
+		s := get(reconciler.ServiceID(mk))
+		s.HasTable = true
+		s.Table = table
+	}
+	if err := mit.Err(); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return reconciler.State{}, fmt.Errorf("read Maglev outer map: %w", err)
+	}
+
+	var st reconciler.State
+	for _, s := range byID {
+		slices.SortFunc(s.Backends, func(a, b reconciler.BackendEntry) int { return a.Addr.Compare(b.Addr) })
+		st.Services = append(st.Services, *s)
+	}
+	slices.SortFunc(st.Services, func(a, b reconciler.ServiceState) int {
+		if c := a.Service.Frontend.Compare(b.Service.Frontend); c != 0 {
+			return c
+		}
+		return int(a.ID) - int(b.ID)
+	})
+	return st, nil
+}
+
+func entryFromMap(k bpf.LbSvcKey, v bpf.LbSvcValue) lb.Service {
+	addr := netip.AddrFrom16(k.Addr).Unmap()
+	s := lb.Service{
+		Frontend:  lb.Frontend{Addr: addr, Port: ntohs(k.Port), Proto: lb.Protocol(k.Proto)},
+		TableSize: v.TableSize,
+	}
+	switch v.Mode {
+	case bpf.LbL4lbModeL4LB_MODE_DSR:
+		s.Mode = lb.ModeDSR
+	case bpf.LbL4lbModeL4LB_MODE_SNAT:
+		s.Mode = lb.ModeSNAT
+	}
+	switch v.Dispatch {
+	case bpf.LbL4lbDispatchL4LB_DISPATCH_IPIP:
+		s.Dispatch = lb.DispatchIPIP
+	case bpf.LbL4lbDispatchL4LB_DISPATCH_GENEVE:
+		s.Dispatch = lb.DispatchGeneve
+	case bpf.LbL4lbDispatchL4LB_DISPATCH_OPT:
+		s.Dispatch = lb.DispatchOpt
+	}
+	if v.Flags&bpf.LbL4lbSvcFlagsL4LB_SVC_RANDOM != 0 {
+		s.Algorithm = lb.Random
+	}
+	return s
+}
+
+func backendFromMap(v bpf.LbBackend) reconciler.Backend {
+	addr := netip.AddrFrom16(v.Addr)
+	if v.Family == 4 {
+		addr = addr.Unmap()
+	}
+	b := reconciler.Backend{
+		Addr:    netip.AddrPortFrom(addr, ntohs(v.Port)),
+		Service: reconciler.ServiceID(v.SvcId),
+		State:   lb.Active,
+	}
+	if v.Flags&bpf.LbL4lbBackendFlagsL4LB_BACKEND_DRAINING != 0 {
+		b.State = lb.Draining
+	}
+	return b
+}
+
+func readTable(id ebpf.MapID) ([]reconciler.BackendID, error) {
+	m, err := ebpf.NewMapFromID(id)
+	if err != nil {
+		return nil, err
+	}
+	defer m.Close()
+	var (
+		k     uint32
+		chunk [maglevChunk]uint32
+		flat  []uint32
+	)
+	n := m.MaxEntries()
+	for k = 0; k < n; k++ {
+		if err := m.Lookup(&k, &chunk); err != nil {
+			return nil, err
+		}
+		flat = append(flat, chunk[:]...)
+	}
+	if len(flat) == 0 {
+		return nil, errors.New("empty table map")
+	}
+	size := int(flat[0])
+	if size+1 > len(flat) {
+		return nil, fmt.Errorf("table claims %d slots but holds %d", size, len(flat)-1)
+	}
+	out := make([]reconciler.BackendID, size)
+	for i := range out {
+		out[i] = reconciler.BackendID(flat[i+1])
+	}
+	return out, nil
+}

@@ -1,0 +1,17 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package datapath
+
+import "github.com/cilium/ebpf"
+
+// Exported for the packet tests in package datapath_test only: they check
+// the loaded maps' layouts against the generated Go types.
+
+// MaglevChunk is maglevChunk.
+const MaglevChunk = maglevChunk
+
+// Maps returns the loaded LB maps by name.
+func (d *LB) Maps() map[string]*ebpf.Map { return d.coll.Maps }
+
+// Maps returns the loaded companion maps by name.
+func (c *Companion) Maps() map[string]*ebpf.Map { return c.coll.Maps }
