@@ -1,0 +1,175 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/l4lb/l4lb/lb/api"
+	"github.com/l4lb/l4lb/lb/config"
+)
+
+func configCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{Use: "config", Short: "work with configuration files"}
+	var dev bool
+	check := &cobra.Command{
+		Use:   "check FILE",
+		Short: "validate a configuration file; exits non-zero and prints every error",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cfg, err := config.Load(args[0], config.Options{Dev: dev})
+			if g.output == "json" {
+				res := struct {
+					File     string   `json:"file"`
+					Valid    bool     `json:"valid"`
+					Services int      `json:"services,omitempty"`
+					Errors   []string `json:"errors,omitempty"`
+				}{File: args[0], Valid: err == nil}
+				if err != nil {
+					res.Errors = strings.Split(err.Error(), "\n")
+				} else {
+					res.Services = len(cfg.Services)
+				}
+				if werr := writeJSON(cmd.OutOrStdout(), res); werr != nil {
+					return werr
+				}
+				if err != nil {
+					return &exitError{code: 1, err: errors.New("configuration is invalid")}
+				}
+				return nil
+			}
+			if err != nil {
+				fmt.Fprintln(cmd.ErrOrStderr(), err)
+				return &exitError{code: 1, err: fmt.Errorf("%s: configuration is invalid", args[0])}
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%s: valid (%d services)\n", args[0], len(cfg.Services))
+			return nil
+		},
+	}
+	check.Flags().BoolVar(&dev, "dev", false, "accept a missing maglev.hash_seed, as l4lbd --dev does")
+	cmd.AddCommand(check)
+	return cmd
+}
+
+func statusCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "status",
+		Short: "show the daemon's state",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			st, err := api.NewClient(g.socket).Status(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if g.output == "json" {
+				return writeJSON(cmd.OutOrStdout(), st)
+			}
+			return printStatus(cmd.OutOrStdout(), st)
+		},
+	}
+}
+
+func printStatus(out io.Writer, st api.Status) error {
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "version\t%s (pid %d, up %s)\n", st.Version, st.PID, time.Since(st.StartedAt).Round(time.Second))
+	fmt.Fprintf(tw, "config\t%s\n", st.ConfigFile)
+	reload := "ok"
+	if !st.LastReload.OK {
+		reload = "REJECTED: " + st.LastReload.Error
+	}
+	fmt.Fprintf(tw, "last reload\t%s (%d reloads) %s\n", reload, st.LastReload.Count, st.LastReload.Time.Format(time.RFC3339))
+	seed := st.SeedFingerprint
+	if st.DevSeed {
+		seed += " (PUBLIC DEV SEED: boxes will not agree)"
+	}
+	fmt.Fprintf(tw, "hash seed\tfingerprint %s\n", seed)
+	var ifs []string
+	for _, i := range st.Interfaces {
+		ifs = append(ifs, fmt.Sprintf("%s (%s %s)", i.Name, i.Attach, i.Mode))
+	}
+	fmt.Fprintf(tw, "interfaces\t%s\n", strings.Join(ifs, ", "))
+	fmt.Fprintf(tw, "services\t%d (%d backends)\n", st.Services, st.Backends)
+	if st.ReconcileError != "" {
+		fmt.Fprintf(tw, "reconcile\tFAILING: %s\n", st.ReconcileError)
+	}
+	for _, c := range st.Conflicts {
+		fmt.Fprintf(tw, "conflict\t%s\n", c)
+	}
+	for _, r := range st.Rejected {
+		fmt.Fprintf(tw, "refused\t%s\n", r)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintln(out, "\ndatapath counters")
+	tw = tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "REASON\tPACKETS\tBYTES")
+	for _, r := range st.Reasons {
+		fmt.Fprintf(tw, "%s\t%d\t%d\n", r.Name, r.Packets, r.Bytes)
+	}
+	return tw.Flush()
+}
+
+func serviceCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{Use: "service", Short: "inspect services"}
+	cmd.AddCommand(&cobra.Command{
+		Use:   "list",
+		Short: "list the services",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			svcs, err := api.NewClient(g.socket).Services(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if g.output == "json" {
+				return writeJSON(cmd.OutOrStdout(), svcs)
+			}
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "NAME\tFRONTEND\tMODE\tBACKENDS\tPACKETS\tNEW FLOWS\tSOURCE")
+			for _, s := range svcs {
+				mode := s.Mode
+				if s.Dispatch != "" {
+					mode += "/" + s.Dispatch
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%s\n", s.Name, s.Frontend, mode, len(s.Backends), s.Counters.Packets, s.Counters.NewFlows, s.Source)
+			}
+			return tw.Flush()
+		},
+	})
+	cmd.AddCommand(&cobra.Command{
+		Use:   "get NAME",
+		Short: "show one service and its backends",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			s, err := api.NewClient(g.socket).Service(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			if g.output == "json" {
+				return writeJSON(cmd.OutOrStdout(), s)
+			}
+			out := cmd.OutOrStdout()
+			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+			fmt.Fprintf(tw, "name\t%s\nfrontend\t%s\nmode\t%s %s\ntable size\t%d\nfingerprint\t%s\nsource\t%s\ncounters\t%d packets, %d bytes, %d new flows\n",
+				s.Name, s.Frontend, s.Mode, s.Dispatch, s.TableSize, s.Fingerprint, s.Source, s.Counters.Packets, s.Counters.Bytes, s.Counters.NewFlows)
+			if err := tw.Flush(); err != nil {
+				return err
+			}
+			fmt.Fprintln(out)
+			tw = tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "BACKEND\tSTATE\tWEIGHT\tSLOTS\tPACKETS\tBYTES\tNEW FLOWS")
+			for _, b := range s.Backends {
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\n", b.Address, b.State, b.Weight, b.Slots, b.Counters.Packets, b.Counters.Bytes, b.Counters.NewFlows)
+			}
+			return tw.Flush()
+		},
+	})
+	return cmd
+}

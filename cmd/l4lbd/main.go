@@ -1,0 +1,153 @@
+// SPDX-License-Identifier: Apache-2.0
+
+// Command l4lbd is the l4lb load-balancer daemon. It runs in the foreground
+// (systemd, tests and the demo alike):
+//
+//	l4lbd --config /etc/l4lb/l4lb.toml       run; SIGHUP reloads, SIGTERM stops
+//	l4lbd --config FILE --cleanup            detach and unpin everything, then exit
+//	l4lbd backend --interface IF --vip ADDR  run the DSR backend companion
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+
+	"github.com/l4lb/l4lb/lb/config"
+	"github.com/l4lb/l4lb/lb/daemon"
+	"github.com/l4lb/l4lb/lb/datapath"
+)
+
+func main() {
+	if err := root().Execute(); err != nil {
+		fmt.Fprintln(os.Stderr, "l4lbd:", err)
+		os.Exit(1)
+	}
+}
+
+func root() *cobra.Command {
+	var (
+		path    string
+		dev     bool
+		cleanup bool
+	)
+	cmd := &cobra.Command{
+		Use:           "l4lbd",
+		Short:         "l4lb load-balancer daemon",
+		Version:       daemon.Version,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		Args:          cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			opts := config.Options{Dev: dev}
+			if cleanup {
+				cfg, err := config.Load(path, opts)
+				if err != nil {
+					// Cleanup must work even with a broken config:
+					// fall back to the default bpffs directory.
+					fmt.Fprintln(os.Stderr, "l4lbd: config unreadable, cleaning the default locations:", err)
+					cfg = config.Default()
+				}
+				return daemon.Cleanup(cfg)
+			}
+			cfg, err := config.Load(path, opts)
+			if err != nil {
+				return err
+			}
+			log := newLogger(cfg.Daemon.LogLevel)
+			d, err := daemon.New(daemon.Options{ConfigPath: path, Config: opts, Log: log, Initial: cfg})
+			if err != nil {
+				return err
+			}
+			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+			defer stop()
+			go reloadOnHUP(ctx, d, log)
+			return d.Run(ctx)
+		},
+	}
+	cmd.Flags().StringVarP(&path, "config", "c", "/etc/l4lb/l4lb.toml", "configuration file")
+	cmd.Flags().BoolVar(&dev, "dev", false, "allow a config without maglev.hash_seed (demos and tests on one box only)")
+	cmd.Flags().BoolVar(&cleanup, "cleanup", false, "detach the datapath, remove its pins and the admin socket, then exit")
+	cmd.AddCommand(backendCmd())
+	return cmd
+}
+
+func newLogger(level slog.Level) *slog.Logger {
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+}
+
+func reloadOnHUP(ctx context.Context, d *daemon.Daemon, log *slog.Logger) {
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-hup:
+			if err := d.Reload(ctx); err != nil && !errors.Is(err, context.Canceled) {
+				log.Error("reload failed", "error", err)
+			}
+		}
+	}
+}
+
+func backendCmd() *cobra.Command {
+	var (
+		iface string
+		vips  []string
+		pin   string
+	)
+	cmd := &cobra.Command{
+		Use:   "backend",
+		Short: "run the DSR backend companion on a backend host",
+		Long: `Attaches the backend companion at tc ingress of --interface. It removes the
+IPIP / IPv6-in-IPv6 header of DSR packets whose inner destination is one of the
+--vip addresses, so the host needs no tunnel module; bind the VIPs on lo.
+Runs in the foreground; SIGTERM detaches it.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log := newLogger(slog.LevelInfo)
+			var addrs []netip.Addr
+			for _, v := range vips {
+				a, err := netip.ParseAddr(v)
+				if err != nil {
+					return fmt.Errorf("--vip %q: %w", v, err)
+				}
+				addrs = append(addrs, a)
+			}
+			if len(addrs) == 0 {
+				return errors.New("at least one --vip is needed")
+			}
+			c, err := datapath.LoadCompanion(pin, log)
+			if err != nil {
+				return err
+			}
+			defer c.Close(pin)
+			if err := c.SetVIPs(addrs); err != nil {
+				return err
+			}
+			if err := c.Attach(iface); err != nil {
+				return err
+			}
+			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+			defer stop()
+			log.Info("backend companion running", "interface", iface, "vips", vips)
+			<-ctx.Done()
+			log.Info("backend companion stopping", "interface", iface)
+			return nil
+		},
+	}
+	cmd.Flags().StringVarP(&iface, "interface", "i", "", "interface that receives DSR traffic (required)")
+	cmd.Flags().StringArrayVar(&vips, "vip", nil, "a VIP served on this host (repeatable)")
+	cmd.Flags().StringVar(&pin, "bpffs", "/sys/fs/bpf/l4lb-backend", "bpffs directory for the companion's maps")
+	_ = cmd.MarkFlagRequired("interface")
+	return cmd
+}

@@ -1,0 +1,160 @@
+// SPDX-License-Identifier: Apache-2.0
+
+// Package discovery is where service definitions enter the control plane.
+// A Source (the TOML file, Consul, Kubernetes) publishes whole snapshots of
+// the services it knows, already translated into the lb model; the Merger
+// combines the latest snapshot of every source into one desired state for
+// the reconciler.
+//
+// A frontend (VIP, port, protocol) or a service name claimed by two sources
+// is a conflict: the earlier claim keeps serving, the later one is left out
+// and reported (log, status, metrics) until the first claim goes away.
+package discovery
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/l4lb/l4lb/lb"
+)
+
+// Snapshot is everything one source knows at one moment. It replaces the
+// source's previous snapshot as a whole.
+type Snapshot struct {
+	// Source names the origin, e.g. "file:/etc/l4lb/l4lb.toml" or "consul".
+	Source   string
+	Services []lb.Service
+}
+
+// Source publishes snapshots until its context ends.
+type Source interface {
+	// Name is the Snapshot.Source of everything it publishes.
+	Name() string
+	// Run sends a snapshot whenever the source's view changes, the first
+	// one as soon as it has one. It returns when ctx is done.
+	Run(ctx context.Context, out chan<- Snapshot) error
+}
+
+// Conflict is a service left out of the desired state because another
+// source claimed its frontend or name first.
+type Conflict struct {
+	Service      string // the service left out
+	Source       string // its source
+	Winner       string // the service that keeps serving
+	WinnerSource string // and its source
+	Frontend     lb.Frontend
+	// Reason says what collides: "frontend" or "name".
+	Reason string
+}
+
+// String describes the conflict for logs and status.
+func (c Conflict) String() string {
+	if c.Reason == "name" {
+		return fmt.Sprintf("service %q from %s: name already used by the service from %s", c.Service, c.Source, c.WinnerSource)
+	}
+	return fmt.Sprintf("service %q from %s: frontend %s already served by %q from %s", c.Service, c.Source, c.Frontend, c.Winner, c.WinnerSource)
+}
+
+type claim struct {
+	source  string
+	service string
+	seq     uint64 // order in which claims were made
+}
+
+// Merger combines sources' snapshots. It is not safe for concurrent use; the
+// daemon's control loop owns it.
+type Merger struct {
+	snapshots map[string]Snapshot
+	frontends map[lb.Frontend]claim
+	names     map[string]claim
+	seq       uint64
+}
+
+// NewMerger returns an empty merger.
+func NewMerger() *Merger {
+	return &Merger{
+		snapshots: map[string]Snapshot{},
+		frontends: map[lb.Frontend]claim{},
+		names:     map[string]claim{},
+	}
+}
+
+// Update replaces the snapshot of s.Source.
+func (m *Merger) Update(s Snapshot) {
+	svcs := make([]lb.Service, len(s.Services))
+	for i, svc := range s.Services {
+		svcs[i] = svc.Clone()
+		if svcs[i].Source == "" {
+			svcs[i].Source = s.Source
+		}
+	}
+	m.snapshots[s.Source] = Snapshot{Source: s.Source, Services: svcs}
+}
+
+// Remove forgets a source (it stopped, or was removed from the config).
+func (m *Merger) Remove(source string) { delete(m.snapshots, source) }
+
+// Desired returns the merged services, sorted by frontend, and the
+// conflicts that kept services out.
+func (m *Merger) Desired() ([]lb.Service, []Conflict) {
+	// Release claims that their source no longer makes.
+	live := map[string]map[string]lb.Frontend{} // source -> name -> frontend
+	for src, snap := range m.snapshots {
+		names := map[string]lb.Frontend{}
+		for _, svc := range snap.Services {
+			names[svc.Name] = svc.Frontend
+		}
+		live[src] = names
+	}
+	for fe, c := range m.frontends {
+		if got, ok := live[c.source][c.service]; !ok || got != fe {
+			delete(m.frontends, fe)
+		}
+	}
+	for name, c := range m.names {
+		if _, ok := live[c.source][name]; !ok {
+			delete(m.names, name)
+		}
+	}
+
+	// Visit sources in a fixed order so new claims made in one pass are
+	// deterministic.
+	sources := make([]string, 0, len(m.snapshots))
+	for src := range m.snapshots {
+		sources = append(sources, src)
+	}
+	slices.Sort(sources)
+
+	var (
+		out       []lb.Service
+		conflicts []Conflict
+	)
+	for _, src := range sources {
+		for _, svc := range m.snapshots[src].Services {
+			fc, fok := m.frontends[svc.Frontend]
+			nc, nok := m.names[svc.Name]
+			switch {
+			case fok && (fc.source != src || fc.service != svc.Name):
+				conflicts = append(conflicts, Conflict{Service: svc.Name, Source: src, Winner: fc.service, WinnerSource: fc.source, Frontend: svc.Frontend, Reason: "frontend"})
+				continue
+			case nok && nc.source != src:
+				conflicts = append(conflicts, Conflict{Service: svc.Name, Source: src, Winner: nc.service, WinnerSource: nc.source, Frontend: svc.Frontend, Reason: "name"})
+				continue
+			}
+			if !fok {
+				m.seq++
+				m.frontends[svc.Frontend] = claim{source: src, service: svc.Name, seq: m.seq}
+			}
+			if !nok {
+				m.seq++
+				m.names[svc.Name] = claim{source: src, service: svc.Name, seq: m.seq}
+			}
+			out = append(out, svc.Clone())
+		}
+	}
+	slices.SortFunc(out, func(a, b lb.Service) int { return a.Frontend.Compare(b.Frontend) })
+	slices.SortFunc(conflicts, func(a, b Conflict) int { return strings.Compare(a.String(), b.String()) })
+	return out, conflicts
+}

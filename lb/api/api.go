@@ -1,0 +1,92 @@
+// SPDX-License-Identifier: Apache-2.0
+
+// Package api is l4lbd's admin API: HTTP+JSON on a unix socket (mode 0600,
+// so only root, or whoever owns the socket, can use it). The daemon serves
+// it; l4lbctl is its client. The types here are the wire contract of
+// `l4lbctl ... -o json`; add fields, never rename or remove them.
+package api
+
+import (
+	"time"
+)
+
+// Version is the API path prefix.
+const Version = "/v1"
+
+// Status is the daemon's overall state (GET /v1/status).
+type Status struct {
+	Version    string    `json:"version"`
+	PID        int       `json:"pid"`
+	StartedAt  time.Time `json:"started_at"`
+	ConfigFile string    `json:"config_file"`
+	// DevSeed is true when l4lbd runs with --dev and no hash_seed: boxes
+	// will not agree on backends.
+	DevSeed bool `json:"dev_seed"`
+	// SeedFingerprint identifies the hash seed without revealing it.
+	SeedFingerprint string      `json:"seed_fingerprint"`
+	LastReload      Reload      `json:"last_reload"`
+	Interfaces      []Interface `json:"interfaces"`
+	Services        int         `json:"services"`
+	Backends        int         `json:"backends"`
+	Conflicts       []string    `json:"conflicts,omitempty"`
+	Rejected        []string    `json:"rejected,omitempty"`
+	ReconcileError  string      `json:"reconcile_error,omitempty"`
+	Reasons         []Reason    `json:"reasons"`
+}
+
+// Reload is the outcome of the latest configuration (re)load.
+type Reload struct {
+	Time  time.Time `json:"time"`
+	OK    bool      `json:"ok"`
+	Error string    `json:"error,omitempty"`
+	// Count is the number of reloads since start, successful or not.
+	Count uint64 `json:"count"`
+}
+
+// Interface is one interface the datapath is attached to.
+type Interface struct {
+	Name   string `json:"name"`
+	Attach string `json:"attach"`
+	Mode   string `json:"mode,omitempty"`
+}
+
+// Reason counts packets by what the datapath did with them.
+type Reason struct {
+	Name    string `json:"name"`
+	Packets uint64 `json:"packets"`
+	Bytes   uint64 `json:"bytes"`
+}
+
+// Counters are per-service or per-backend datapath counters.
+type Counters struct {
+	Packets  uint64 `json:"packets"`
+	Bytes    uint64 `json:"bytes"`
+	NewFlows uint64 `json:"new_flows"`
+}
+
+// Service is one programmed service (GET /v1/services, /v1/services/NAME).
+type Service struct {
+	Name        string    `json:"name"`
+	Frontend    string    `json:"frontend"`
+	Mode        string    `json:"mode"`
+	Dispatch    string    `json:"dispatch,omitempty"`
+	TableSize   uint32    `json:"table_size"`
+	Source      string    `json:"source"`
+	Fingerprint string    `json:"fingerprint"`
+	Counters    Counters  `json:"counters"`
+	Backends    []Backend `json:"backends"`
+}
+
+// Backend is one backend of a service.
+type Backend struct {
+	Address  string   `json:"address"`
+	Weight   uint32   `json:"weight"`
+	State    string   `json:"state"`
+	Slots    int      `json:"slots"`
+	Counters Counters `json:"counters"`
+}
+
+// Error is the body of every non-2xx answer.
+type Error struct {
+	Error string `json:"error"`
+}

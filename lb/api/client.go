@@ -1,0 +1,85 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"time"
+)
+
+// DefaultSocket is where l4lbd listens unless daemon.admin_socket says
+// otherwise.
+const DefaultSocket = "/run/l4lb/l4lb.sock"
+
+// Client talks to l4lbd's admin socket.
+type Client struct {
+	socket string
+	hc     *http.Client
+}
+
+// NewClient returns a client for the socket at path.
+func NewClient(path string) *Client {
+	tr := &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", path)
+		},
+	}
+	return &Client{socket: path, hc: &http.Client{Transport: tr, Timeout: 10 * time.Second}}
+}
+
+func (c *Client) get(ctx context.Context, path string, out any) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://l4lbd"+Version+path, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		if errors.Is(err, os.ErrPermission) {
+			return fmt.Errorf("admin socket %s: permission denied (it is mode 0600: run as root)", c.socket)
+		}
+		return fmt.Errorf("admin socket %s: %w (is l4lbd running?)", c.socket, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return fmt.Errorf("read answer: %w", err)
+	}
+	if resp.StatusCode/100 != 2 {
+		var e Error
+		if json.Unmarshal(body, &e) == nil && e.Error != "" {
+			return errors.New(e.Error)
+		}
+		return fmt.Errorf("l4lbd answered %s", resp.Status)
+	}
+	if err := json.Unmarshal(body, out); err != nil {
+		return fmt.Errorf("decode answer: %w", err)
+	}
+	return nil
+}
+
+// Status returns the daemon's status.
+func (c *Client) Status(ctx context.Context) (Status, error) {
+	var s Status
+	return s, c.get(ctx, "/status", &s)
+}
+
+// Services lists the programmed services.
+func (c *Client) Services(ctx context.Context) ([]Service, error) {
+	var s []Service
+	return s, c.get(ctx, "/services", &s)
+}
+
+// Service returns one service by name.
+func (c *Client) Service(ctx context.Context, name string) (Service, error) {
+	var s Service
+	return s, c.get(ctx, "/services/"+url.PathEscape(name), &s)
+}

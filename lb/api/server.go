@@ -1,0 +1,103 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"time"
+)
+
+// Provider answers the API's questions from the daemon's live state.
+type Provider interface {
+	Status() Status
+	Services() []Service
+}
+
+// Server serves the admin API on a unix socket.
+type Server struct {
+	p   Provider
+	log *slog.Logger
+	mux *http.ServeMux
+}
+
+// NewServer returns a server answering from p.
+func NewServer(p Provider, log *slog.Logger) *Server {
+	s := &Server{p: p, log: log, mux: http.NewServeMux()}
+	s.mux.HandleFunc("GET "+Version+"/status", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, s.p.Status())
+	})
+	s.mux.HandleFunc("GET "+Version+"/services", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, s.p.Services())
+	})
+	s.mux.HandleFunc("GET "+Version+"/services/{name}", func(w http.ResponseWriter, r *http.Request) {
+		name := r.PathValue("name")
+		for _, svc := range s.p.Services() {
+			if svc.Name == name {
+				writeJSON(w, http.StatusOK, svc)
+				return
+			}
+		}
+		writeJSON(w, http.StatusNotFound, Error{Error: fmt.Sprintf("no service %q", name)})
+	})
+	return s
+}
+
+// Handler exposes the routes, for tests.
+func (s *Server) Handler() http.Handler { return s.mux }
+
+// Listen creates the socket at path (mode 0600, parent directory 0755),
+// replacing a stale socket left by a crashed daemon.
+func Listen(path string) (net.Listener, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, fmt.Errorf("admin socket: create %s: %w", filepath.Dir(path), err)
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("admin socket: remove stale %s: %w", path, err)
+	}
+	// The umask keeps the socket private from the moment it exists; the
+	// chmod below makes that explicit whatever the process umask is.
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("admin socket: listen on %s: %w", path, err)
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		l.Close()
+		return nil, fmt.Errorf("admin socket: chmod %s: %w", path, err)
+	}
+	return l, nil
+}
+
+// Serve answers on l until ctx ends, then removes the socket.
+func (s *Server) Serve(ctx context.Context, l net.Listener) error {
+	hs := &http.Server{Handler: s.mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = hs.Shutdown(sctx)
+	}()
+	err := hs.Serve(l)
+	if ul, ok := l.(*net.UnixListener); ok {
+		_ = os.Remove(ul.Addr().String())
+	}
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return err
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}

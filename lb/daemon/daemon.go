@@ -1,0 +1,404 @@
+// SPDX-License-Identifier: Apache-2.0
+
+// Package daemon wires l4lbd together: it owns the configuration file,
+// loads the datapath (adopting pinned state after a restart), runs the
+// discovery sources, merges their snapshots, resolves defaults, reconciles
+// the result into the datapath, and serves the admin API. The control loop is
+// the only writer of its state; the API reads immutable snapshots of it.
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	sddaemon "github.com/coreos/go-systemd/v22/daemon"
+
+	"github.com/l4lb/l4lb/discovery"
+	"github.com/l4lb/l4lb/discovery/file"
+	"github.com/l4lb/l4lb/lb"
+	"github.com/l4lb/l4lb/lb/api"
+	"github.com/l4lb/l4lb/lb/config"
+	"github.com/l4lb/l4lb/lb/datapath"
+	"github.com/l4lb/l4lb/lb/maglev"
+	"github.com/l4lb/l4lb/lb/reconciler"
+)
+
+// Version is set at build time (-ldflags -X).
+var Version = "dev"
+
+// Options are l4lbd's command-line settings.
+type Options struct {
+	ConfigPath string
+	Config     config.Options
+	Log        *slog.Logger
+	// Initial, when set, is the already loaded configuration of ConfigPath.
+	Initial *config.Config
+}
+
+// Daemon is a running l4lbd.
+type Daemon struct {
+	opts    Options
+	log     *slog.Logger
+	started time.Time
+
+	cfg    *config.Config // last good configuration; control loop only
+	dp     *datapath.LB
+	rec    *reconciler.Reconciler
+	merger *discovery.Merger
+	file   *file.Source
+	snaps  chan discovery.Snapshot
+	reload chan chan error
+
+	view atomic.Pointer[view]
+
+	mu         sync.Mutex
+	lastReload api.Reload
+}
+
+// view is what the API reads: replaced as a whole after every change.
+type view struct {
+	services  []lb.Service // desired, defaults resolved
+	conflicts []string
+	rejected  []string
+	recErr    string
+	state     reconciler.State
+	cfg       *config.Config
+}
+
+// New loads and validates the configuration; nothing touches the kernel yet.
+func New(opts Options) (*Daemon, error) {
+	if opts.Log == nil {
+		opts.Log = slog.Default()
+	}
+	cfg := opts.Initial
+	if cfg == nil {
+		var err error
+		if cfg, err = config.Load(opts.ConfigPath, opts.Config); err != nil {
+			return nil, err
+		}
+	}
+	d := &Daemon{
+		opts:    opts,
+		log:     opts.Log,
+		started: time.Now(),
+		cfg:     cfg,
+		merger:  discovery.NewMerger(),
+		file:    file.New(opts.ConfigPath),
+		snaps:   make(chan discovery.Snapshot, 16),
+		reload:  make(chan chan error),
+	}
+	d.lastReload = api.Reload{Time: time.Now(), OK: true, Count: 0}
+	d.view.Store(&view{cfg: cfg})
+	return d, nil
+}
+
+// Config returns the configuration in force.
+func (d *Daemon) Config() *config.Config { return d.view.Load().cfg }
+
+func datapathConfig(cfg *config.Config, log *slog.Logger) datapath.Config {
+	return datapath.Config{
+		PinPath:        cfg.Daemon.BPFFS,
+		Seed:           cfg.Maglev.Seed,
+		MaxServices:    cfg.Datapath.MaxServices,
+		MaxBackends:    cfg.Datapath.MaxBackends,
+		ConntrackMax:   cfg.Datapath.ConntrackMax,
+		KeepNeighbours: true,
+		Log:            log,
+	}
+}
+
+// Run loads the datapath, programs the configuration, attaches to the
+// interfaces and serves until ctx ends. On return the program stays attached
+// and its maps pinned: a restarted l4lbd adopts them without dropping a
+// packet (`l4lbd --cleanup` removes them).
+func (d *Daemon) Run(ctx context.Context) error {
+	cfg := d.cfg
+	if cfg.Maglev.DevSeed {
+		d.log.Warn("running with the public development hash seed (--dev): LB boxes will not agree on backends; set maglev.hash_seed for production")
+	}
+	if cfg.Datapath.Attach != config.AttachXDP {
+		return fmt.Errorf("datapath.attach = %q is not supported by this version yet; use \"xdp\"", cfg.Datapath.Attach)
+	}
+	dp, err := datapath.Load(datapathConfig(cfg, d.log))
+	if err != nil {
+		return err
+	}
+	d.dp = dp
+	defer dp.Close()
+
+	st, err := dp.State()
+	if err != nil {
+		return fmt.Errorf("read pinned datapath state: %w", err)
+	}
+	rcfg := reconciler.Config{Seed: cfg.Maglev.Seed, MaxServices: cfg.Datapath.MaxServices, MaxBackends: cfg.Datapath.MaxBackends}
+	rec, err := reconciler.NewFromState(rcfg, dp, d.log, st)
+	if err != nil {
+		return err
+	}
+	if n := len(st.Services); n > 0 {
+		d.log.Info("adopted pinned datapath state", "services", n)
+	}
+	d.rec = rec
+
+	// Program the configuration before attaching, so the first packet the
+	// program sees already finds its service.
+	d.merger.Update(discovery.Snapshot{Source: d.file.Name(), Services: cfg.Services})
+	d.apply()
+
+	for _, ifc := range cfg.Datapath.Interfaces {
+		if err := dp.AttachXDP(ifc, xdpMode(cfg.Datapath.XDPMode)); err != nil {
+			return err
+		}
+	}
+	for _, old := range dp.PinnedInterfaces() {
+		if !slices.Contains(cfg.Datapath.Interfaces, old) {
+			d.log.Info("detaching from an interface no longer configured", "interface", old)
+			if err := dp.DetachXDP(old); err != nil {
+				d.log.Error("detach failed", "interface", old, "error", err)
+			}
+		}
+	}
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+
+	ln, err := api.Listen(cfg.Daemon.AdminSocket)
+	if err != nil {
+		return err
+	}
+	srv := api.NewServer(d, d.log)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := srv.Serve(ctx, ln); err != nil {
+			d.log.Error("admin API stopped", "error", err)
+		}
+	}()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		_ = d.file.Run(ctx, d.snaps)
+	}()
+	d.watchdog(ctx, &wg)
+
+	notify(sddaemon.SdNotifyReady)
+	d.log.Info("l4lbd ready", "interfaces", cfg.Datapath.Interfaces, "services", len(d.view.Load().services))
+	err = d.loop(ctx)
+	notify(sddaemon.SdNotifyStopping)
+	return err
+}
+
+func xdpMode(m config.XDPMode) datapath.XDPMode {
+	switch m {
+	case config.XDPNative:
+		return datapath.XDPNative
+	case config.XDPGeneric:
+		return datapath.XDPGeneric
+	}
+	return datapath.XDPAuto
+}
+
+// loop is the control loop: the single writer of the merged state.
+func (d *Daemon) loop(ctx context.Context) error {
+	retry := time.NewTimer(time.Hour)
+	retry.Stop()
+	backoff := time.Second
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case snap := <-d.snaps:
+			d.merger.Update(snap)
+		case done := <-d.reload:
+			// Answer only once the new state is programmed, so that
+			// whoever asked for the reload sees its effect.
+			err := d.doReload()
+			aerr := d.apply()
+			d.publishReload(err)
+			done <- err
+			if aerr != nil {
+				retry.Reset(backoff)
+				backoff = min(backoff*2, 30*time.Second)
+			}
+			continue
+		case <-retry.C:
+		}
+		if err := d.apply(); err != nil {
+			retry.Reset(backoff)
+			backoff = min(backoff*2, 30*time.Second)
+		} else {
+			backoff = time.Second
+		}
+	}
+}
+
+// Reload re-reads the configuration file (SIGHUP). An invalid file changes
+// nothing: the error is returned, logged and shown in status.
+func (d *Daemon) Reload(ctx context.Context) error {
+	done := make(chan error, 1)
+	select {
+	case d.reload <- done:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return <-done
+}
+
+func (d *Daemon) doReload() error {
+	notify(sddaemon.SdNotifyReloading)
+	defer notify(sddaemon.SdNotifyReady)
+	cfg, err := config.Load(d.opts.ConfigPath, d.opts.Config)
+	if err != nil {
+		d.log.Error("configuration rejected; the previous one keeps serving", "file", d.opts.ConfigPath, "error", err)
+		return err
+	}
+	for _, w := range restartOnly(d.cfg, cfg) {
+		d.log.Warn("setting changed; it takes effect after a restart of l4lbd", "setting", w)
+	}
+	// Settings that need a restart keep their running values.
+	cfg.Daemon = d.cfg.Daemon
+	cfg.Datapath.Interfaces = d.cfg.Datapath.Interfaces
+	cfg.Maglev.Seed = d.cfg.Maglev.Seed
+	d.cfg = cfg
+	d.merger.Update(discovery.Snapshot{Source: d.file.Name(), Services: cfg.Services})
+	d.log.Info("configuration reloaded", "file", d.opts.ConfigPath, "services", len(cfg.Services))
+	return nil
+}
+
+// publishReload records the outcome of a reload for status.
+func (d *Daemon) publishReload(err error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.lastReload.Count++
+	d.lastReload.Time = time.Now()
+	d.lastReload.OK = err == nil
+	d.lastReload.Error = ""
+	if err != nil {
+		d.lastReload.Error = err.Error()
+	}
+}
+
+// restartOnly lists settings that differ and only apply at start.
+func restartOnly(old, cur *config.Config) []string {
+	var out []string
+	if old.Maglev.Seed != cur.Maglev.Seed {
+		out = append(out, "maglev.hash_seed")
+	}
+	if !slices.Equal(old.Datapath.Interfaces, cur.Datapath.Interfaces) {
+		out = append(out, "datapath.interfaces")
+	}
+	if old.Datapath.Attach != cur.Datapath.Attach || old.Datapath.XDPMode != cur.Datapath.XDPMode {
+		out = append(out, "datapath.attach / xdp_mode")
+	}
+	if old.Datapath.ConntrackMax != cur.Datapath.ConntrackMax || old.Datapath.MaxServices != cur.Datapath.MaxServices ||
+		old.Datapath.MaxBackends != cur.Datapath.MaxBackends {
+		out = append(out, "datapath capacities (conntrack_max, max_services, max_backends)")
+	}
+	if old.Daemon.AdminSocket != cur.Daemon.AdminSocket || old.Daemon.BPFFS != cur.Daemon.BPFFS ||
+		!slices.Equal(old.Daemon.MetricsListen, cur.Daemon.MetricsListen) {
+		out = append(out, "daemon.*")
+	}
+	return out
+}
+
+// apply merges, resolves defaults, drops what the datapath cannot serve
+// and reconciles; it publishes a new view for the API.
+func (d *Daemon) apply() error {
+	merged, conflicts := d.merger.Desired()
+	defs := d.cfg.Defaults()
+	var (
+		desired  []lb.Service
+		rejected []string
+	)
+	for _, svc := range merged {
+		svc = normalize(svc.WithDefaults(defs))
+		if err := datapath.Supported(svc); err != nil {
+			rejected = append(rejected, fmt.Sprintf("service %q (%s): %v", svc.Name, svc.Source, err))
+			continue
+		}
+		desired = append(desired, svc)
+	}
+	for _, c := range conflicts {
+		d.log.Warn("service conflict", "conflict", c.String())
+	}
+	for _, r := range rejected {
+		d.log.Error("service refused", "reason", r)
+	}
+	err := d.rec.Reconcile(desired)
+	if err != nil {
+		d.log.Error("reconcile failed; retrying", "error", err)
+	}
+	v := &view{services: desired, rejected: rejected, state: d.rec.Programmed(), cfg: d.cfg}
+	for _, c := range conflicts {
+		v.conflicts = append(v.conflicts, c.String())
+	}
+	if err != nil {
+		v.recErr = err.Error()
+	}
+	d.view.Store(v)
+	return err
+}
+
+// normalize resolves what the datapath stores per frontend: a frontend has
+// one protocol, so hybrid becomes DSR (TCP) or SNAT (UDP), and SNAT has no
+// dispatch. The reconciler then compares like with like after a restart.
+func normalize(s lb.Service) lb.Service {
+	s.Mode = s.ModeFor(s.Frontend.Proto)
+	if s.Mode == lb.ModeSNAT {
+		s.Dispatch = lb.DispatchDefault
+	}
+	return s
+}
+
+func notify(state string) {
+	// Outside systemd NOTIFY_SOCKET is unset and this is a no-op.
+	_, _ = sddaemon.SdNotify(false, state)
+}
+
+// watchdog pings systemd at half the WatchdogSec interval while the
+// control loop answers.
+func (d *Daemon) watchdog(ctx context.Context, wg *sync.WaitGroup) {
+	interval, err := sddaemon.SdWatchdogEnabled(false)
+	if err != nil || interval == 0 {
+		return
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(interval / 2)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				notify(sddaemon.SdNotifyWatchdog)
+			}
+		}
+	}()
+}
+
+// Cleanup detaches and unpins everything l4lbd left under the configured
+// bpffs directory and removes its admin socket.
+func Cleanup(cfg *config.Config) error {
+	err := datapath.Cleanup(cfg.Daemon.BPFFS)
+	if rerr := os.Remove(cfg.Daemon.AdminSocket); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
+		err = errors.Join(err, rerr)
+	}
+	return err
+}
+
+// seedFingerprint identifies a seed without revealing it.
+func seedFingerprint(s maglev.Seed) string {
+	h := maglev.SipHash24(s, []byte("l4lb seed fingerprint"))
+	return fmt.Sprintf("%016x", h)[:12]
+}
