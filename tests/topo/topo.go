@@ -1,0 +1,182 @@
+// SPDX-License-Identifier: Apache-2.0
+
+// Package topo builds the l4lb test topology in network namespaces, for the
+// end-to-end tests and the demo: one L2 segment (a bridge in a "switch"
+// namespace) joining a client, LB boxes and backends, each host in its own
+// namespace with eth0 on 10.100.0.0/24 and fd10::/64. VIPs are routed from
+// the client to an LB box; backends hold the VIPs on lo and accept DSR
+// traffic through l4lb's backend companion. Everything is removed when the
+// test (or the demo) ends.
+package topo
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/link"
+
+	"github.com/l4lb/l4lb/internal/testnet"
+)
+
+// Host is one machine of the topology.
+type Host struct {
+	Name  string
+	NS    *testnet.NS
+	Addr4 netip.Addr
+	Addr6 netip.Addr
+	// Iface is the host's interface on the segment.
+	Iface string
+	MAC   net.HardwareAddr
+	top   *Topology
+}
+
+// Topology is a client, LB boxes and backends on one segment.
+type Topology struct {
+	T        testnet.TB
+	Switch   *testnet.NS
+	Client   *Host
+	LBs      []*Host
+	Backends []*Host
+	// Dir holds configs, sockets and logs of this topology.
+	Dir string
+	// PinRoot is a bpffs directory private to this topology.
+	PinRoot string
+}
+
+// Options size the topology.
+type Options struct {
+	LBs      int
+	Backends int
+	// Dir for configs and sockets; a temporary directory when empty.
+	Dir string
+}
+
+// Addressing of the segment.
+const (
+	Prefix4 = "10.100.0."
+	Prefix6 = "fd10::"
+)
+
+// New builds the topology.
+func New(t testnet.TB, o Options) *Topology {
+	t.Helper()
+	testnet.RequireRoot(t)
+	dir := o.Dir
+	if dir == "" {
+		var err error
+		if dir, err = os.MkdirTemp("", "l4lb-topo-"); err != nil {
+			t.Fatalf("temp dir: %v", err)
+		}
+		t.Cleanup(func() { os.RemoveAll(dir) })
+	}
+	pin := filepath.Join("/sys/fs/bpf", "l4lb-test-"+filepath.Base(dir))
+	t.Cleanup(func() { os.RemoveAll(pin) })
+	tp := &Topology{T: t, Dir: dir, PinRoot: pin}
+	tp.Switch = testnet.NewNS(t, "sw")
+	tp.Switch.Run(t, "ip", "link", "add", "br0", "type", "bridge")
+	tp.Switch.Up(t, "br0")
+
+	tp.Client = tp.addHost("client", 2)
+	for i := range o.LBs {
+		tp.LBs = append(tp.LBs, tp.addHost(fmt.Sprintf("lb%d", i+1), 11+i))
+	}
+	for i := range o.Backends {
+		tp.Backends = append(tp.Backends, tp.addHost(fmt.Sprintf("be%d", i+1), 21+i))
+	}
+	for _, lb := range tp.LBs {
+		// veth quirk: frames an XDP program transmits (XDP_TX) on a veth
+		// are only received by a peer that runs NAPI, which an XDP
+		// program enables.
+		tp.attachPass(tp.Switch, "p-"+lb.Name)
+	}
+	return tp
+}
+
+func (tp *Topology) addHost(name string, n int) *Host {
+	t := tp.T
+	t.Helper()
+	ns := testnet.NewNS(t, name)
+	testnet.Veth(t, ns, "eth0", tp.Switch, "p-"+name)
+	tp.Switch.Run(t, "ip", "link", "set", "p-"+name, "master", "br0")
+	h := &Host{
+		Name:  name,
+		NS:    ns,
+		Addr4: netip.MustParseAddr(fmt.Sprintf("%s%d", Prefix4, n)),
+		Addr6: netip.MustParseAddr(fmt.Sprintf("%s%d", Prefix6, n)),
+		Iface: "eth0",
+		top:   tp,
+	}
+	// On a real wire every packet carries a complete checksum. A veth
+	// hands locally generated packets over with the checksum only
+	// started (CHECKSUM_PARTIAL), which an XDP program that forwards the
+	// raw frame would carry on unfinished; checksum in software instead.
+	ns.Run(t, "ethtool", "-K", "eth0", "tx", "off")
+	ns.AddAddr(t, "eth0", h.Addr4.String()+"/24")
+	ns.AddAddr(t, "eth0", h.Addr6.String()+"/64")
+	h.MAC = ns.MAC(t, "eth0")
+	return h
+}
+
+// attachPass attaches an XDP program that passes everything.
+func (tp *Topology) attachPass(ns *testnet.NS, iface string) {
+	t := tp.T
+	t.Helper()
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
+		Type:         ebpf.XDP,
+		License:      "Dual BSD/GPL",
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 2 /* XDP_PASS */), asm.Return()},
+	})
+	if err != nil {
+		t.Fatalf("XDP pass program: %v", err)
+	}
+	idx := ns.Link(t, iface).Attrs().Index
+	var l link.Link
+	err = ns.Do(func() error {
+		var err error
+		l, err = link.AttachXDP(link.XDPOptions{Program: prog, Interface: idx})
+		return err
+	})
+	prog.Close()
+	if err != nil {
+		t.Fatalf("attach XDP pass to %s: %v", iface, err)
+	}
+	t.Cleanup(func() { l.Close() })
+}
+
+// RouteVIPs points the client's routes for the VIPs at an LB box,
+// replacing earlier routes.
+func (tp *Topology) RouteVIPs(via *Host, vips ...netip.Addr) {
+	t := tp.T
+	t.Helper()
+	for _, v := range vips {
+		gw, plen := via.Addr4, "/32"
+		if v.Is6() {
+			gw, plen = via.Addr6, "/128"
+		}
+		tp.Client.NS.Run(t, "ip", "route", "replace", v.String()+plen, "via", gw.String(), "dev", "eth0")
+	}
+}
+
+// HoldVIPs puts the VIPs on a backend's lo and keeps the backend from
+// answering ARP / ND for them on the segment (the LB box owns that role).
+func (h *Host) HoldVIPs(vips ...netip.Addr) {
+	t := h.top.T
+	t.Helper()
+	h.NS.Sysctl(t, "net.ipv4.conf.all.arp_ignore", "1")
+	h.NS.Sysctl(t, "net.ipv4.conf.all.arp_announce", "2")
+	for _, v := range vips {
+		if v.Is4() {
+			h.NS.AddAddr(t, "lo", v.String()+"/32")
+		} else {
+			h.NS.AddAddr(t, "lo", v.String()+"/128")
+		}
+	}
+}
+
+// Cleanup registers f on the topology's test.
+func (tp *Topology) Cleanup(f func()) { tp.T.Cleanup(f) }
