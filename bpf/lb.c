@@ -8,55 +8,77 @@
  * (connection table, then the service's Maglev table); forward it the way
  * the service's mode says; count. Everything that is not a well-formed
  * packet to a frontend goes to the stack untouched, and is counted by reason.
+ *
+ * Two entry points share all of it: l4lb_xdp (XDP) and l4lb_tc (tc ingress
+ * through tcx, for interfaces where XDP cannot attach); see hook.h.
  */
 #include "include/common.h"
 #include "include/config.h"
 #include "include/conntrack.h"
 #include "include/encap.h"
 #include "include/forward.h"
+#include "include/hook.h"
 #include "include/maps.h"
 #include "include/parse.h"
 #include "include/stats.h"
 
 char __license[] SEC("license") = "Dual BSD/GPL";
 
+/* Headers parsed in place at most: Ethernet, two VLAN tags, IPv6 with the
+ * extension headers walked, TCP with options. */
+#define PARSE_PULL 256
+
+/*
+ * The L3 length one segment will have after adding `overhead` bytes: the
+ * packet itself, or for a GSO packet its headers plus one segment.
+ */
+static __always_inline __u32 segment_len(const struct hook *h, const struct packet *p, __u32 overhead)
+{
+	__u32 gso = hook_gso_size(h);
+
+	if (gso)
+		return (__u32)(p->l4_off - p->l3_off) + p->l4_hlen + gso + overhead;
+	return (__u32)p->l3_len + overhead;
+}
+
 /* DSR over IPIP: encapsulate to the backend, which replies from the VIP. */
-static __always_inline int dsr_ipip(struct xdp_md *ctx, const struct packet *p,
+static __always_inline int dsr_ipip(const struct hook *h, const struct packet *p,
 				    const struct selection *sel, int *reason)
 {
 	struct route rt;
 	__u8 src[16];
-	int hdr = p->family == 4 ? sizeof(struct iphdr) : sizeof(struct ipv6hdr);
+	__u32 hdr = p->family == 4 ? sizeof(struct iphdr) : sizeof(struct ipv6hdr);
 	int r;
 
 	encap_source(p->family, sel->hash, src);
-	r = route_lookup(ctx, p->family, src, sel->be->addr, p->l3_len + hdr, &rt);
+	r = route_lookup(h, p->family, src, sel->be->addr, p->l3_len + hdr, segment_len(h, p, hdr), &rt);
 	if (r >= 0)
 		goto drop;
-	r = encap_ipip(ctx, p, src, sel->be->addr, sel->hash);
+	r = encap_ipip(h, p, src, sel->be->addr, sel->hash);
 	if (r >= 0)
 		goto drop;
-	return transmit(ctx, &rt, reason);
+	return transmit(h, &rt, reason);
 drop:
 	*reason = r;
-	return XDP_DROP;
+	return hook_drop(h);
 }
 
-SEC("xdp")
-int l4lb_xdp(struct xdp_md *ctx)
+static __always_inline int lb_process(const struct hook *h)
 {
-	void *data = (void *)(long)ctx->data;
-	void *data_end = (void *)(long)ctx->data_end;
 	struct svc_key sk = {};
 	struct selection sel;
 	struct svc_value *svc;
 	struct packet p;
+	void *data, *data_end;
 	int reason = -1, verdict, r;
 
+	hook_pull(h, PARSE_PULL);
+	data = hook_data(h);
+	data_end = hook_data_end(h);
 	r = parse_packet(data, data_end, &p);
 	if (r >= 0) {
 		count_reason(r, data_end - data);
-		return XDP_PASS;
+		return hook_pass(h);
 	}
 
 	copy16(sk.addr, p.key.dst);
@@ -65,32 +87,50 @@ int l4lb_xdp(struct xdp_md *ctx)
 	svc = bpf_map_lookup_elem(&services, &sk);
 	if (!svc) {
 		count_reason(L4LB_R_PASS_NOT_SERVICE, p.l3_len);
-		return XDP_PASS;
+		return hook_pass(h);
 	}
+	/* XDP cannot re-tag a frame for another VLAN; at tc on the VLAN
+	 * device the tag is already gone. */
 	if (p.vlan) {
 		count_reason(L4LB_R_PASS_VLAN, p.l3_len);
-		return XDP_PASS;
+		return hook_pass(h);
 	}
 
 	r = select_backend(&p, svc, &sel);
 	if (r >= 0) {
 		count_reason(r, p.l3_len);
-		return XDP_DROP;
+		return hook_drop(h);
 	}
 
 	switch (svc->mode) {
 	case L4LB_MODE_DSR:
-		verdict = dsr_ipip(ctx, &p, &sel, &reason);
+		verdict = dsr_ipip(h, &p, &sel, &reason);
 		break;
 	default:
 		/* The control plane never programs a mode this object lacks. */
 		reason = L4LB_R_DROP_NO_BACKEND;
-		verdict = XDP_DROP;
+		verdict = hook_drop(h);
 	}
 
 	if (reason >= 0)
 		count_reason(reason, p.l3_len);
-	if (verdict != XDP_DROP)
+	if (verdict != hook_drop(h))
 		count_forward(svc->id, sel.backend_id, p.l3_len, sel.new_flow);
 	return verdict;
+}
+
+SEC("xdp")
+int l4lb_xdp(struct xdp_md *ctx)
+{
+	struct hook h = {.ctx = ctx, .xdp = 1};
+
+	return lb_process(&h);
+}
+
+SEC("tcx/ingress")
+int l4lb_tc(struct __sk_buff *skb)
+{
+	struct hook h = {.ctx = skb, .xdp = 0};
+
+	return lb_process(&h);
 }

@@ -131,6 +131,7 @@ const (
 	LbMapServices             = "services"
 	LbMapSvcStats             = "svc_stats"
 	LbMapTxPorts              = "tx_ports"
+	LbProgL4lbTc              = "l4lb_tc"
 	LbProgL4lbXdp             = "l4lb_xdp"
 	LbVarCfgEncapSrc4         = "cfg_encap_src4"
 	LbVarCfgEncapSrc4HostMask = "cfg_encap_src4_host_mask"
@@ -183,6 +184,7 @@ type LbSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type LbProgramSpecs struct {
+	L4lbTc  *ebpf.ProgramSpec `ebpf:"l4lb_tc"`
 	L4lbXdp *ebpf.ProgramSpec `ebpf:"l4lb_xdp"`
 }
 
@@ -273,11 +275,13 @@ type LbVariables struct {
 //
 // It can be passed to LoadLbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type LbPrograms struct {
+	L4lbTc  *ebpf.Program `ebpf:"l4lb_tc"`
 	L4lbXdp *ebpf.Program `ebpf:"l4lb_xdp"`
 }
 
 func (p *LbPrograms) Close() error {
 	return _LbClose(
+		p.L4lbTc,
 		p.L4lbXdp,
 	)
 }

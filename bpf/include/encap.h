@@ -14,6 +14,7 @@
 
 #include "config.h"
 #include "csum.h"
+#include "hook.h"
 #include "parse.h"
 
 /* Outer source address for a flow with this hash, in the 16-byte form. */
@@ -36,46 +37,35 @@ static __always_inline void encap_source(__u8 family, __u32 hash, __u8 out[16])
 }
 
 /* Drop Ethernet padding after the IP packet so it is not carried inside the tunnel. */
-static __always_inline int trim_to_l3(struct xdp_md *ctx, const struct packet *p)
+static __always_inline int trim_to_l3(const struct hook *h, const struct packet *p)
 {
-	__u32 frame = ctx->data_end - ctx->data;
-	__u32 want = (__u32)p->l3_off + p->l3_len;
-
-	if (frame > want && bpf_xdp_adjust_tail(ctx, -(int)(frame - want)))
+	if (hook_trim(h, (__u32)p->l3_off + p->l3_len))
 		return L4LB_R_DROP_ENCAP;
 	return -1;
 }
 
 /*
- * Prepend an Ethernet header and an outer IP header in front of the IP
- * packet of p (which must start right after an untagged Ethernet header).
- * Returns -1 on success or the reason for failing.
+ * Put an outer IP header in front of the IP packet of p (which must start
+ * right after an untagged Ethernet header), keeping the Ethernet header: a
+ * frame handed to the stack (next hop unresolved) must still be addressed to
+ * this interface, or the stack drops it as PACKET_OTHERHOST. Returns -1 on
+ * success or the reason for failing.
  */
-static __always_inline int encap_ipip(struct xdp_md *ctx, const struct packet *p,
+static __always_inline int encap_ipip(const struct hook *h, const struct packet *p,
 				      const __u8 src[16], const __u8 dst[16], __u32 hash)
 {
 	int hdr = p->family == 4 ? (int)sizeof(struct iphdr) : (int)sizeof(struct ipv6hdr);
-	__u8 macs[2 * ETH_ALEN];
+	__u64 flags = BPF_F_ADJ_ROOM_FIXED_GSO |
+		      (p->family == 4 ? BPF_F_ADJ_ROOM_ENCAP_L3_IPV4 : BPF_F_ADJ_ROOM_ENCAP_L3_IPV6);
 	void *data, *data_end;
 	struct ethhdr *eth;
 
-	if (trim_to_l3(ctx, p) >= 0)
+	if (trim_to_l3(h, p) >= 0)
 		return L4LB_R_DROP_ENCAP;
-	/*
-	 * The new Ethernet header starts in uninitialised headroom. Give it
-	 * the client frame's MACs: transmit() overwrites them, but a frame
-	 * handed to the stack (next hop unresolved) must still be addressed
-	 * to this interface, or the stack drops it as PACKET_OTHERHOST.
-	 */
-	data = (void *)(long)ctx->data;
-	data_end = (void *)(long)ctx->data_end;
-	if (data + sizeof(macs) > data_end)
+	if (hook_grow(h, ETH_HLEN, hdr, flags))
 		return L4LB_R_DROP_ENCAP;
-	__builtin_memcpy(macs, data, sizeof(macs));
-	if (bpf_xdp_adjust_head(ctx, -hdr))
-		return L4LB_R_DROP_ENCAP;
-	data = (void *)(long)ctx->data;
-	data_end = (void *)(long)ctx->data_end;
+	data = hook_data(h);
+	data_end = hook_data_end(h);
 	eth = data;
 
 	if (p->family == 4) {
@@ -84,7 +74,6 @@ static __always_inline int encap_ipip(struct xdp_md *ctx, const struct packet *p
 
 		if ((void *)(inner + 1) > data_end)
 			return L4LB_R_DROP_ENCAP;
-		__builtin_memcpy(eth, macs, sizeof(macs));
 		eth->h_proto = bpf_htons(ETH_P_IP);
 		outer->version = 4;
 		outer->ihl = 5;
@@ -103,7 +92,6 @@ static __always_inline int encap_ipip(struct xdp_md *ctx, const struct packet *p
 
 		if ((void *)(outer + 1) > data_end)
 			return L4LB_R_DROP_ENCAP;
-		__builtin_memcpy(eth, macs, sizeof(macs));
 		eth->h_proto = bpf_htons(ETH_P_IPV6);
 		outer->version = 6;
 		outer->priority = p->tos >> 4;

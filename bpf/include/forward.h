@@ -1,36 +1,44 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /*
  * Next hop and transmit: bpf_fib_lookup for the egress interface, MACs and
- * MTU; XDP_TX when the egress is the ingress interface, a devmap redirect
- * otherwise. An unresolved neighbour sends the (already rewritten) packet to
- * the stack, which resolves it and forwards; l4lbd keeps the neighbours of
- * all backends resolved so steady-state traffic never takes that path.
+ * MTU; out of the egress interface (XDP_TX, devmap redirect or tc redirect,
+ * see hook.h). An unresolved neighbour sends the (already rewritten) packet
+ * to the stack, which resolves it and forwards; l4lbd keeps the neighbours
+ * of all backends resolved so steady-state traffic never takes that path.
  */
 #ifndef L4LB_FORWARD_H
 #define L4LB_FORWARD_H
 
+#include "hook.h"
 #include "maps.h"
 
 struct route {
 	__u32 ifindex;
+	__u16 mtu; /* of the egress interface, when the lookup says the packet is too big */
 	__u8 smac[ETH_ALEN];
 	__u8 dmac[ETH_ALEN];
 	int no_neigh;
 };
 
 /*
- * Look up the route for a packet of tot_len bytes (L3) from src to dst (both
- * in the family's network-order form). Returns -1 and fills rt when the
- * packet can go out, or the enum l4lb_reason for why not.
+ * Look up the route for a packet from src to dst (16-byte form) whose L3
+ * length will be tot_len once rewritten. Returns -1 and fills rt when the
+ * packet can go out, or the enum l4lb_reason for why not; for
+ * L4LB_R_DROP_FRAG_NEEDED rt->mtu holds the egress MTU.
+ *
+ * At XDP the kernel checks tot_len against the route's MTU. At tc the packet
+ * may be a GSO super-packet whose segments fit although its length does not,
+ * so the check is done here on the segment size (seg_len: what one segment's
+ * L3 length will be).
  */
-static __always_inline int route_lookup(struct xdp_md *ctx, __u8 family, const __u8 src[16],
-					const __u8 dst[16], __u16 tot_len, struct route *rt)
+static __always_inline int route_lookup(const struct hook *h, __u8 family, const __u8 src[16],
+					const __u8 dst[16], __u16 tot_len, __u32 seg_len, struct route *rt)
 {
 	struct bpf_fib_lookup fib = {};
 	long rc;
 
-	fib.ifindex = ctx->ingress_ifindex;
-	fib.tot_len = tot_len;
+	fib.ifindex = hook_ifindex(h);
+	fib.tot_len = h->xdp ? tot_len : 0;
 	if (family == 4) {
 		fib.family = AF_INET;
 		fib.ipv4_src = addr_to_v4(src);
@@ -40,15 +48,21 @@ static __always_inline int route_lookup(struct xdp_md *ctx, __u8 family, const _
 		copy16(fib.ipv6_src, src);
 		copy16(fib.ipv6_dst, dst);
 	}
-	rc = bpf_fib_lookup(ctx, &fib, sizeof(fib), 0);
+	rc = bpf_fib_lookup(h->ctx, &fib, sizeof(fib), 0);
 	rt->no_neigh = 0;
+	rt->mtu = 0;
 	switch (rc) {
 	case BPF_FIB_LKUP_RET_SUCCESS:
+		if (!h->xdp && seg_len > fib.mtu_result) {
+			rt->mtu = fib.mtu_result;
+			return L4LB_R_DROP_FRAG_NEEDED;
+		}
 		break;
 	case BPF_FIB_LKUP_RET_NO_NEIGH:
 		rt->no_neigh = 1;
 		return -1;
 	case BPF_FIB_LKUP_RET_FRAG_NEEDED:
+		rt->mtu = fib.mtu_result;
 		return L4LB_R_DROP_FRAG_NEEDED;
 	default:
 		return L4LB_R_DROP_NO_ROUTE;
@@ -60,35 +74,35 @@ static __always_inline int route_lookup(struct xdp_md *ctx, __u8 family, const _
 }
 
 /*
- * Send the frame at ctx along rt. Its Ethernet header must be in place;
- * only the MACs are written here, and only when the frame leaves by XDP: a
- * frame handed to the stack keeps the MACs it arrived with, because the
- * stack drops a frame not addressed to the interface. *reason is set when
- * the packet took the stack's slow path.
+ * Send the frame along rt. Its Ethernet header must be in place; only the
+ * MACs are written here, and only when the frame leaves directly: a frame
+ * handed to the stack keeps the MACs it arrived with, because the stack
+ * drops a frame not addressed to the interface. *reason is set when the
+ * packet took the stack's slow path.
  */
-static __always_inline int transmit(struct xdp_md *ctx, const struct route *rt, int *reason)
+static __always_inline int transmit(const struct hook *h, const struct route *rt, int *reason)
 {
-	void *data = (void *)(long)ctx->data;
-	void *data_end = (void *)(long)ctx->data_end;
-	struct ethhdr *eth = data;
-	long ret = XDP_TX;
+	void *data, *data_end;
+	struct ethhdr *eth;
+	int ret, not_sent;
 
 	if (rt->no_neigh) {
 		*reason = L4LB_R_PASS_NO_NEIGH;
-		return XDP_PASS;
+		return hook_pass(h);
 	}
+	/* The redirect happens after the program returns, so the MACs can
+	 * still be written below. */
+	ret = hook_redirect(h, rt->ifindex, &not_sent);
+	if (not_sent) {
+		*reason = L4LB_R_PASS_NO_TX_PORT;
+		return hook_pass(h);
+	}
+	data = hook_data(h);
+	data_end = hook_data_end(h);
+	eth = data;
 	if ((void *)(eth + 1) > data_end) {
 		*reason = L4LB_R_DROP_ENCAP;
-		return XDP_DROP;
-	}
-	if (rt->ifindex != ctx->ingress_ifindex) {
-		/* The redirect happens after the program returns, so the
-		 * MACs can still be written below. */
-		ret = bpf_redirect_map(&tx_ports, rt->ifindex, XDP_PASS);
-		if (ret == XDP_PASS) {
-			*reason = L4LB_R_PASS_NO_TX_PORT;
-			return XDP_PASS;
-		}
+		return hook_drop(h);
 	}
 	__builtin_memcpy(eth->h_dest, rt->dmac, ETH_ALEN);
 	__builtin_memcpy(eth->h_source, rt->smac, ETH_ALEN);

@@ -42,6 +42,7 @@ struct packet {
 	__u8 vlan;           /* the frame carried an 802.1Q/802.1ad tag */
 	__u8 tos;            /* IPv4 TOS / IPv6 traffic class */
 	__be16 frag_df;      /* IPv4 DF bit as found (network order), 0 for IPv6 */
+	__u8 l4_hlen;        /* TCP header length with options; 8 for UDP */
 };
 
 #define TCP_FLAG_SYN 0x02
@@ -188,6 +189,7 @@ l4:
 		p->key.sport = th->source;
 		p->key.dport = th->dest;
 		p->tcp_flags = ((__u8 *)th)[13];
+		p->l4_hlen = th->doff * 4;
 	} else if (l4proto == IPPROTO_UDP) {
 		struct udphdr *uh = data + off;
 
@@ -199,6 +201,7 @@ l4:
 			return L4LB_R_PASS_MALFORMED_L4;
 		p->key.sport = uh->source;
 		p->key.dport = uh->dest;
+		p->l4_hlen = sizeof(*uh);
 	} else {
 		return L4LB_R_PASS_NOT_SERVICE;
 	}

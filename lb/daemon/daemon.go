@@ -123,9 +123,6 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if cfg.Maglev.DevSeed {
 		d.log.Warn("running with the public development hash seed (--dev): LB boxes will not agree on backends; set maglev.hash_seed for production")
 	}
-	if cfg.Datapath.Attach != config.AttachXDP {
-		return fmt.Errorf("datapath.attach = %q is not supported by this version yet; use \"xdp\"", cfg.Datapath.Attach)
-	}
 	dp, err := datapath.Load(datapathConfig(cfg, d.log))
 	if err != nil {
 		return err
@@ -152,18 +149,8 @@ func (d *Daemon) Run(ctx context.Context) error {
 	d.merger.Update(discovery.Snapshot{Source: d.file.Name(), Services: cfg.Services})
 	d.apply()
 
-	for _, ifc := range cfg.Datapath.Interfaces {
-		if err := dp.AttachXDP(ifc, xdpMode(cfg.Datapath.XDPMode)); err != nil {
-			return err
-		}
-	}
-	for _, old := range dp.PinnedInterfaces() {
-		if !slices.Contains(cfg.Datapath.Interfaces, old) {
-			d.log.Info("detaching from an interface no longer configured", "interface", old)
-			if err := dp.DetachXDP(old); err != nil {
-				d.log.Error("detach failed", "interface", old, "error", err)
-			}
-		}
+	if err := d.attach(cfg); err != nil {
+		return err
 	}
 
 	ctx, cancel := context.WithCancel(ctx)
@@ -195,6 +182,40 @@ func (d *Daemon) Run(ctx context.Context) error {
 	err = d.loop(ctx)
 	notify(sddaemon.SdNotifyStopping)
 	return err
+}
+
+// attach hooks the datapath to the configured interfaces and removes links
+// an earlier l4lbd left on interfaces or hooks no longer configured.
+func (d *Daemon) attach(cfg *config.Config) error {
+	hook := "xdp"
+	if cfg.Datapath.Attach == config.AttachTC {
+		hook = "tc"
+	}
+	for _, ifc := range cfg.Datapath.Interfaces {
+		var err error
+		if hook == "tc" {
+			err = d.dp.AttachTC(ifc)
+		} else {
+			err = d.dp.AttachXDP(ifc, xdpMode(cfg.Datapath.XDPMode))
+		}
+		if err != nil {
+			return err
+		}
+	}
+	for _, old := range d.dp.PinnedLinks() {
+		if old.Hook == hook && slices.Contains(cfg.Datapath.Interfaces, old.Interface) {
+			continue
+		}
+		d.log.Info("detaching from an interface or hook no longer configured", "interface", old.Interface, "hook", old.Hook)
+		detach := d.dp.DetachXDP
+		if old.Hook == "tc" {
+			detach = d.dp.DetachTC
+		}
+		if err := detach(old.Interface); err != nil {
+			d.log.Error("detach failed", "interface", old.Interface, "hook", old.Hook, "error", err)
+		}
+	}
+	return nil
 }
 
 func xdpMode(m config.XDPMode) datapath.XDPMode {

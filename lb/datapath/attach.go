@@ -42,6 +42,10 @@ func (d *LB) linkPin(iface string) string {
 	return filepath.Join(d.cfg.PinPath, linkDir, "xdp-"+iface)
 }
 
+func (d *LB) tcLinkPin(iface string) string {
+	return filepath.Join(d.cfg.PinPath, linkDir, "tcx-"+iface)
+}
+
 // AttachXDP attaches the LB program to iface and lets it transmit there.
 // When a link pinned by an earlier l4lbd is found for the interface, its
 // program is replaced in one step (no detach, no packet goes unhandled).
@@ -82,24 +86,75 @@ func (d *LB) AttachXDP(iface string, mode XDPMode) error {
 // adoptLink loads the link pinned for iface if it is an XDP link on the
 // same interface index; a stale pin (interface re-created) is removed.
 func (d *LB) adoptLink(iface string, index int) (link.Link, bool) {
+	return d.adopt(d.linkPin(iface), iface, func(info *link.Info) bool {
+		x := info.XDP()
+		return info.Type == link.XDPType && x != nil && int(x.Ifindex) == index
+	})
+}
+
+// adopt loads the link pinned at path if match accepts it, and removes a
+// pin that no longer fits (interface re-created, other hook).
+func (d *LB) adopt(path, iface string, match func(*link.Info) bool) (link.Link, bool) {
 	if d.cfg.PinPath == "" {
 		return nil, false
 	}
-	path := d.linkPin(iface)
 	l, err := link.LoadPinnedLink(path, nil)
 	if err != nil {
 		return nil, false
 	}
-	info, err := l.Info()
-	if err == nil && info.Type == link.XDPType {
-		if x := info.XDP(); x != nil && int(x.Ifindex) == index {
-			return l, true
-		}
+	if info, err := l.Info(); err == nil && match(info) {
+		return l, true
 	}
-	d.log.Warn("removing a stale pinned XDP link", "interface", iface, "pin", path)
+	d.log.Warn("removing a stale pinned link", "interface", iface, "pin", path)
 	_ = l.Unpin()
 	l.Close()
 	return nil, false
+}
+
+// AttachTC attaches the LB program at tc ingress (tcx) of iface, for
+// interfaces where XDP cannot attach (bonds, VLAN devices, some drivers).
+// A link pinned by an earlier l4lbd gets its program replaced in place.
+func (d *LB) AttachTC(iface string) error {
+	ifc, err := net.InterfaceByName(iface)
+	if err != nil {
+		return fmt.Errorf("attach to %s: %w", iface, err)
+	}
+	if err := enableForwarding(iface); err != nil {
+		return err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	key := "tc:" + iface
+	if l, ok := d.adopt(d.tcLinkPin(iface), iface, func(info *link.Info) bool {
+		x := info.TCX()
+		return info.Type == link.TCXType && x != nil && int(x.Ifindex) == ifc.Index
+	}); ok {
+		if err := l.Update(d.progTC); err != nil {
+			l.Close()
+			return fmt.Errorf("replace tc program on %s: %w", iface, err)
+		}
+		d.links[key] = l
+		d.log.Info("replaced tc program in place", "interface", iface)
+		return nil
+	}
+	l, err := link.AttachTCX(link.TCXOptions{Program: d.progTC, Attach: ebpf.AttachTCXIngress, Interface: ifc.Index})
+	if err != nil {
+		return fmt.Errorf("attach tc (tcx ingress) to %s: %w", iface, err)
+	}
+	if d.cfg.PinPath != "" {
+		if err := l.Pin(d.tcLinkPin(iface)); err != nil {
+			l.Close()
+			return fmt.Errorf("pin tc link of %s: %w", iface, err)
+		}
+	}
+	d.links[key] = l
+	d.log.Info("attached tc program", "interface", iface)
+	return nil
+}
+
+// DetachTC removes the tc program from iface and forgets its pin.
+func (d *LB) DetachTC(iface string) error {
+	return d.detach("tc:"+iface, d.tcLinkPin(iface), iface)
 }
 
 func (d *LB) attachNew(iface string, index int, mode XDPMode) (link.Link, error) {
@@ -137,19 +192,28 @@ func (d *LB) attachNew(iface string, index int, mode XDPMode) (link.Link, error)
 
 // DetachXDP removes the program from iface and forgets its pin.
 func (d *LB) DetachXDP(iface string) error {
+	err := d.detach(iface, d.linkPin(iface), iface)
+	if ifc, ierr := net.InterfaceByName(iface); ierr == nil {
+		idx := uint32(ifc.Index)
+		_ = d.txPorts.Delete(&idx)
+	}
+	return err
+}
+
+func (d *LB) detach(key, pin, iface string) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	l, ok := d.links[iface]
+	l, ok := d.links[key]
 	if !ok {
 		if d.cfg.PinPath == "" {
 			return nil
 		}
 		var err error
-		if l, err = link.LoadPinnedLink(d.linkPin(iface), nil); err != nil {
+		if l, err = link.LoadPinnedLink(pin, nil); err != nil {
 			return nil
 		}
 	}
-	delete(d.links, iface)
+	delete(d.links, key)
 	var errs []error
 	if d.cfg.PinPath != "" {
 		if err := l.Unpin(); err != nil {
@@ -157,26 +221,30 @@ func (d *LB) DetachXDP(iface string) error {
 		}
 	}
 	errs = append(errs, l.Close())
-	if ifc, err := net.InterfaceByName(iface); err == nil {
-		idx := uint32(ifc.Index)
-		_ = d.txPorts.Delete(&idx)
-	}
 	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("detach XDP from %s: %w", iface, err)
+		return fmt.Errorf("detach from %s: %w", iface, err)
 	}
 	return nil
 }
 
-// PinnedInterfaces lists the interfaces with an XDP link pinned by an
-// earlier l4lbd, so the daemon can detach those no longer configured.
-func (d *LB) PinnedInterfaces() []string {
+// PinnedLink is a link an earlier l4lbd pinned.
+type PinnedLink struct {
+	Interface string
+	Hook      string // "xdp" or "tc"
+}
+
+// PinnedLinks lists the links pinned by an earlier l4lbd, so the daemon can
+// detach those no longer configured.
+func (d *LB) PinnedLinks() []PinnedLink {
 	if d.cfg.PinPath == "" {
 		return nil
 	}
-	paths, _ := filepath.Glob(filepath.Join(d.cfg.PinPath, linkDir, "xdp-*"))
-	var out []string
-	for _, p := range paths {
-		out = append(out, strings.TrimPrefix(filepath.Base(p), "xdp-"))
+	var out []PinnedLink
+	for _, hook := range []struct{ prefix, name string }{{"xdp-", "xdp"}, {"tcx-", "tc"}} {
+		paths, _ := filepath.Glob(filepath.Join(d.cfg.PinPath, linkDir, hook.prefix+"*"))
+		for _, p := range paths {
+			out = append(out, PinnedLink{Interface: strings.TrimPrefix(filepath.Base(p), hook.prefix), Hook: hook.name})
+		}
 	}
 	return out
 }

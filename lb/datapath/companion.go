@@ -46,24 +46,9 @@ func LoadCompanion(pinPath string, log *slog.Logger) (*Companion, error) {
 	if err != nil {
 		return nil, err
 	}
-	opts := ebpf.CollectionOptions{}
-	if pinPath != "" {
-		if err := os.MkdirAll(pinPath, 0o700); err != nil {
-			return nil, fmt.Errorf("companion: create pin directory: %w (is %s on a bpffs mount?)", err, pinPath)
-		}
-		opts.Maps.PinPath = pinPath
-	} else {
-		for _, m := range spec.Maps {
-			m.Pinning = ebpf.PinNone
-		}
-	}
-	coll, err := ebpf.NewCollectionWithOptions(spec, opts)
+	coll, err := newCollection("companion", spec, pinPath, "")
 	if err != nil {
-		var ve *ebpf.VerifierError
-		if errors.As(err, &ve) {
-			return nil, fmt.Errorf("companion: the kernel's verifier rejected the program: %+v", ve)
-		}
-		return nil, fmt.Errorf("companion: load: %w", err)
+		return nil, err
 	}
 	cpus, err := ebpf.PossibleCPU()
 	if err != nil {

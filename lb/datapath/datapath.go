@@ -25,6 +25,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/btf"
 	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
 
 	"github.com/l4lb/l4lb/bpf"
 	"github.com/l4lb/l4lb/lb/maglev"
@@ -67,8 +68,9 @@ var (
 type LB struct {
 	cfg  Config
 	log  *slog.Logger
-	coll *ebpf.Collection
-	prog *ebpf.Program
+	coll   *ebpf.Collection
+	prog   *ebpf.Program
+	progTC *ebpf.Program
 
 	services     *ebpf.Map
 	backends     *ebpf.Map
@@ -123,34 +125,16 @@ func Load(cfg Config) (*LB, error) {
 		return nil, fmt.Errorf("datapath: count CPUs: %w", err)
 	}
 
-	opts := ebpf.CollectionOptions{}
-	if cfg.PinPath != "" {
-		if err := os.MkdirAll(filepath.Join(cfg.PinPath, linkDir), 0o700); err != nil {
-			return nil, fmt.Errorf("datapath: create pin directory: %w (is %s on a bpffs mount?)", err, cfg.PinPath)
-		}
-		opts.Maps.PinPath = cfg.PinPath
-	} else {
-		for _, m := range spec.Maps {
-			m.Pinning = ebpf.PinNone
-		}
-	}
-	coll, err := ebpf.NewCollectionWithOptions(spec, opts)
+	coll, err := newCollection("LB", spec, cfg.PinPath, linkDir)
 	if err != nil {
-		var ve *ebpf.VerifierError
-		if errors.As(err, &ve) {
-			return nil, fmt.Errorf("datapath: the kernel's verifier rejected the LB program: %+v", ve)
-		}
-		if errors.Is(err, ebpf.ErrMapIncompatible) {
-			return nil, fmt.Errorf("datapath: a map pinned under %s does not match this configuration or version: %w; "+
-				"restore the previous capacities, or run `l4lbd --cleanup` (this drops connection state)", cfg.PinPath, err)
-		}
-		return nil, fmt.Errorf("datapath: load LB program: %w", err)
+		return nil, err
 	}
 	d := &LB{
 		cfg:          cfg,
 		log:          cfg.Log,
 		coll:         coll,
 		prog:         coll.Programs[bpf.LbProgL4lbXdp],
+		progTC:       coll.Programs[bpf.LbProgL4lbTc],
 		services:     coll.Maps[bpf.LbMapServices],
 		backends:     coll.Maps[bpf.LbMapBackends],
 		maglev:       coll.Maps[bpf.LbMapMaglev],
@@ -168,6 +152,51 @@ func Load(cfg Config) (*LB, error) {
 		d.neigh = newNeighbours(cfg.Log)
 	}
 	return d, nil
+}
+
+// newCollection loads spec, pinning its maps under pinPath (creating it and
+// its sub directory) or, with no pinPath, pinning nothing.
+func newCollection(what string, spec *ebpf.CollectionSpec, pinPath, subdir string) (*ebpf.Collection, error) {
+	opts := ebpf.CollectionOptions{}
+	if pinPath != "" {
+		if err := os.MkdirAll(filepath.Join(pinPath, subdir), 0o700); err != nil {
+			return nil, fmt.Errorf("%s: create pin directory %s: %w", what, pinPath, err)
+		}
+		if err := checkBPFFS(pinPath); err != nil {
+			return nil, fmt.Errorf("%s: %w", what, err)
+		}
+		opts.Maps.PinPath = pinPath
+	} else {
+		for _, m := range spec.Maps {
+			m.Pinning = ebpf.PinNone
+		}
+	}
+	coll, err := ebpf.NewCollectionWithOptions(spec, opts)
+	if err == nil {
+		return coll, nil
+	}
+	var ve *ebpf.VerifierError
+	if errors.As(err, &ve) {
+		return nil, fmt.Errorf("%s: the kernel's verifier rejected the program: %+v", what, ve)
+	}
+	if errors.Is(err, ebpf.ErrMapIncompatible) {
+		return nil, fmt.Errorf("%s: a map pinned under %s does not match this configuration or version: %w; "+
+			"restore the previous capacities, or run `l4lbd --cleanup` (this drops connection state)", what, pinPath, err)
+	}
+	return nil, fmt.Errorf("%s: load: %w", what, err)
+}
+
+// checkBPFFS makes sure dir is on a bpffs mount: pinning elsewhere fails
+// with an error that does not say why.
+func checkBPFFS(dir string) error {
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return fmt.Errorf("statfs %s: %w", dir, err)
+	}
+	if uint32(st.Type) != unix.BPF_FS_MAGIC {
+		return fmt.Errorf("%s is not on a bpffs mount; mount one with `mount -t bpf bpf /sys/fs/bpf` (systemd does this at boot)", dir)
+	}
+	return nil
 }
 
 // configure sets load-time constants and map capacities on the spec.
@@ -240,6 +269,9 @@ func enumNames(types *btf.Spec, enum, prefix string) ([]string, error) {
 
 // Program is the XDP program, for packet tests and benchmarks.
 func (d *LB) Program() *ebpf.Program { return d.prog }
+
+// ProgramTC is the tc (tcx ingress) program, for packet tests.
+func (d *LB) ProgramTC() *ebpf.Program { return d.progTC }
 
 // ReasonNames are the names of the reason counters, by index.
 func (d *LB) ReasonNames() []string { return append([]string(nil), d.reasonNames...) }

@@ -23,7 +23,10 @@ var (
 
 // dsrConfig is an l4lbd config with a TCP and a UDP service per family,
 // DSR over IPIP, to the given backends (host numbers on the segment).
-func dsrConfig(backends ...int) string {
+func dsrConfig(backends ...int) string { return dsrConfigAt("xdp", backends...) }
+
+// dsrConfigAt is dsrConfig with the program attached at "xdp" or "tc".
+func dsrConfigAt(attach string, backends ...int) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, `
 [daemon]
@@ -34,6 +37,7 @@ log_level      = "debug"
 
 [datapath]
 interfaces    = ["eth0"]
+attach        = %q
 mode          = "dsr"
 dsr_dispatch  = "ipip"
 conntrack_max = 65536
@@ -43,7 +47,7 @@ max_backends  = 256
 [maglev]
 hash_seed  = %q
 table_size = 1021
-`, e2eSeed)
+`, attach, e2eSeed)
 	for _, svc := range []struct {
 		name, vip, proto, prefix string
 		port                     int
@@ -77,8 +81,14 @@ func newDSRRig(t *testing.T) *dsrRig {
 			netip.AddrPortFrom(vip4, 80), netip.AddrPortFrom(vip4, 53),
 			netip.AddrPortFrom(vip6, 80), netip.AddrPortFrom(vip6, 53)))
 	}
-	for _, lb := range tp.LBs {
-		r.lbs = append(r.lbs, lb.StartL4LBD(l4lbd(), dsrConfig(21, 22, 23)))
+	// lb1 runs the XDP program, lb2 the tc one: the same flows must land
+	// on the same backends through either.
+	for i, lb := range tp.LBs {
+		attach := "xdp"
+		if i == 1 {
+			attach = "tc"
+		}
+		r.lbs = append(r.lbs, lb.StartL4LBD(l4lbd(), dsrConfigAt(attach, 21, 22, 23)))
 	}
 	tp.RouteVIPs(tp.LBs[0], vip4, vip6)
 	return r
