@@ -304,11 +304,6 @@ func (s scope) errorf(key, format string, args ...any) {
 	s.c.add(s.c.line(joinPath(s.path, key)), s.service, s.backend, format, args...)
 }
 
-// line returns key's line, or its table's.
-func (s scope) line(key string) int {
-	return s.c.line(joinPath(s.path, key))
-}
-
 // kindOf names the type of a decoded value for "want X, got Y" messages.
 func (s scope) kindOf(v any) string {
 	switch v := v.(type) {

@@ -26,8 +26,6 @@ var netipComparers = cmp.Options{
 	cmp.Comparer(func(a, b netip.Prefix) bool { return a == b }),
 }
 
-const testSeedHex = "00112233445566778899aabbccddeeff"
-
 var testSeed = maglev.Seed{0x00, 0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88, 0x99, 0xaa, 0xbb, 0xcc, 0xdd, 0xee, 0xff}
 
 // head is the smallest valid config; cases append to it.

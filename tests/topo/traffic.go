@@ -4,6 +4,7 @@ package topo
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -209,7 +210,7 @@ func (h *Host) DialUDP(localPort uint16, dst netip.AddrPort) (*UDPFlow, error) {
 			return errors.Join(err, serr)
 		}}
 		var err error
-		pc, err = lc.ListenPacket(nil, "udp", netip.AddrPortFrom(src, localPort).String())
+		pc, err = lc.ListenPacket(context.Background(), "udp", netip.AddrPortFrom(src, localPort).String())
 		return err
 	})
 	if err != nil {

@@ -1,0 +1,114 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package discovery
+
+import (
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/l4lb/l4lb/lb"
+)
+
+func svc(name, vip string, port uint16) lb.Service {
+	return lb.Service{
+		Name:     name,
+		Frontend: lb.Frontend{Addr: netip.MustParseAddr(vip), Port: port, Proto: lb.TCP},
+		Backends: []lb.Backend{{Addr: netip.MustParseAddrPort("10.1.0.1:80"), Weight: 1}},
+	}
+}
+
+func names(svcs []lb.Service) []string {
+	var out []string
+	for _, s := range svcs {
+		out = append(out, s.Source+"/"+s.Name)
+	}
+	return out
+}
+
+func TestMergerConflicts(t *testing.T) {
+	m := NewMerger()
+	m.Update(Snapshot{Source: "file", Services: []lb.Service{svc("web", "10.0.0.1", 80), svc("api", "10.0.0.2", 80)}})
+	got, conflicts := m.Desired()
+	if want := []string{"file/web", "file/api"}; !slices.Equal(names(got), want) || len(conflicts) != 0 {
+		t.Fatalf("one source: %v %v", names(got), conflicts)
+	}
+
+	// A later source claims web's frontend and api's name: both lose.
+	m.Update(Snapshot{Source: "consul", Services: []lb.Service{svc("web2", "10.0.0.1", 80), svc("api", "10.0.0.9", 443), svc("db", "10.0.0.3", 5432)}})
+	got, conflicts = m.Desired()
+	if want := []string{"file/web", "file/api", "consul/db"}; !slices.Equal(names(got), want) {
+		t.Fatalf("services %v, want %v", names(got), want)
+	}
+	if len(conflicts) != 2 {
+		t.Fatalf("conflicts %v, want 2", conflicts)
+	}
+	var reasons []string
+	for _, c := range conflicts {
+		reasons = append(reasons, c.Reason)
+		if c.Source != "consul" || c.WinnerSource != "file" {
+			t.Errorf("conflict %v: the earlier claim (file) must win", c)
+		}
+	}
+	slices.Sort(reasons)
+	if !slices.Equal(reasons, []string{"frontend", "name"}) {
+		t.Errorf("conflict reasons %v", reasons)
+	}
+	if s := conflicts[0].String(); !strings.Contains(s, "consul") || !strings.Contains(s, "file") {
+		t.Errorf("conflict text %q should name both sources", s)
+	}
+
+	// The earlier claim keeps winning even when the sources update again
+	// in another order.
+	m.Update(Snapshot{Source: "consul", Services: []lb.Service{svc("web2", "10.0.0.1", 80), svc("api", "10.0.0.9", 443), svc("db", "10.0.0.3", 5432)}})
+	m.Update(Snapshot{Source: "file", Services: []lb.Service{svc("web", "10.0.0.1", 80), svc("api", "10.0.0.2", 80)}})
+	got, _ = m.Desired()
+	if want := []string{"file/web", "file/api", "consul/db"}; !slices.Equal(names(got), want) {
+		t.Fatalf("after re-updates %v, want %v", names(got), want)
+	}
+
+	// When the file drops web, consul's web2 takes the frontend over.
+	m.Update(Snapshot{Source: "file", Services: []lb.Service{svc("api", "10.0.0.2", 80)}})
+	got, conflicts = m.Desired()
+	if want := []string{"consul/web2", "file/api", "consul/db"}; !slices.Equal(names(got), want) || len(conflicts) != 1 {
+		t.Fatalf("after release %v %v", names(got), conflicts)
+	}
+
+	// Removing a source releases all its claims.
+	m.Remove("file")
+	got, conflicts = m.Desired()
+	if want := []string{"consul/web2", "consul/db", "consul/api"}; !slices.Equal(names(got), want) || len(conflicts) != 0 {
+		t.Fatalf("after removing file %v %v", names(got), conflicts)
+	}
+}
+
+func TestMergerCopiesSnapshots(t *testing.T) {
+	m := NewMerger()
+	svcs := []lb.Service{svc("web", "10.0.0.1", 80)}
+	m.Update(Snapshot{Source: "file", Services: svcs})
+	svcs[0].Backends[0].Weight = 7
+	svcs[0].Name = "changed"
+	got, _ := m.Desired()
+	if got[0].Name != "web" || got[0].Backends[0].Weight != 1 {
+		t.Fatal("the merger must not share memory with a published snapshot")
+	}
+	got[0].Backends[0].Weight = 9
+	again, _ := m.Desired()
+	if again[0].Backends[0].Weight != 1 {
+		t.Fatal("Desired must hand out copies")
+	}
+}
+
+func TestMergerSameFrontendChangedBySameSource(t *testing.T) {
+	m := NewMerger()
+	m.Update(Snapshot{Source: "a", Services: []lb.Service{svc("web", "10.0.0.1", 80)}})
+	m.Update(Snapshot{Source: "b", Services: []lb.Service{svc("other", "10.0.0.2", 80)}})
+	m.Desired()
+	// Source a moves web to b's frontend: b claimed it first.
+	m.Update(Snapshot{Source: "a", Services: []lb.Service{svc("web", "10.0.0.2", 80)}})
+	got, conflicts := m.Desired()
+	if want := []string{"b/other"}; !slices.Equal(names(got), want) || len(conflicts) != 1 || conflicts[0].Service != "web" {
+		t.Fatalf("%v %v", names(got), conflicts)
+	}
+}

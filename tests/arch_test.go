@@ -1,0 +1,119 @@
+// SPDX-License-Identifier: Apache-2.0
+
+// Package tests holds tests about the code base as a whole; the end-to-end
+// tests live in tests/e2e.
+package tests
+
+import (
+	"encoding/json"
+	"io"
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+const module = "github.com/l4lb/l4lb"
+
+type pkg struct {
+	ImportPath string
+	Standard   bool
+	Imports    []string
+	Deps       []string
+}
+
+// listPackages runs go list over the module (non-test code).
+func listPackages(t *testing.T, args ...string) []pkg {
+	t.Helper()
+	cmd := exec.Command("go", append([]string{"list", "-json"}, args...)...)
+	cmd.Dir = ".."
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	dec := json.NewDecoder(strings.NewReader(string(out)))
+	var pkgs []pkg
+	for {
+		var p pkg
+		if err := dec.Decode(&p); err == io.EOF {
+			break
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		pkgs = append(pkgs, p)
+	}
+	return pkgs
+}
+
+// TestDependencyEdges keeps the layering of STYLE.md true: the model is
+// standard-library only, Maglev is pure, the reconciler never reaches the
+// kernel, only the datapath binding touches BPF and netlink, and only the
+// Kubernetes source imports k8s.io.
+func TestDependencyEdges(t *testing.T) {
+	std := map[string]bool{}
+	for _, p := range listPackages(t, "std") {
+		std[p.ImportPath] = true
+	}
+	pkgs := listPackages(t, "-deps=false", "./...")
+	byPath := map[string]pkg{}
+	for _, p := range listPackages(t, "-deps", "./...") {
+		byPath[p.ImportPath] = p
+	}
+
+	onlyStdAnd := func(path string, allowed ...string) {
+		p, ok := byPath[module+path]
+		if !ok {
+			t.Errorf("package %s not found", path)
+			return
+		}
+		for _, d := range p.Deps {
+			if std[d] || byPath[d].Standard {
+				continue
+			}
+			ok := false
+			for _, a := range allowed {
+				if d == module+a {
+					ok = true
+				}
+			}
+			if !ok {
+				t.Errorf("%s depends on %s; it may use only the standard library%s", path, d, list(allowed))
+			}
+		}
+	}
+	onlyStdAnd("/lb")
+	onlyStdAnd("/lb/maglev", "/lb")
+	onlyStdAnd("/lb/reconciler", "/lb", "/lb/maglev")
+	onlyStdAnd("/discovery", "/lb")
+
+	kernel := []string{"github.com/cilium/ebpf", "github.com/vishvananda/netlink", "github.com/vishvananda/netns"}
+	mayTouchKernel := func(path string) bool {
+		rel := strings.TrimPrefix(path, module)
+		return rel == "/bpf" || rel == "/lb/datapath" ||
+			strings.HasPrefix(rel, "/internal/") || strings.HasPrefix(rel, "/tests/")
+	}
+	for _, p := range pkgs {
+		if !strings.HasPrefix(p.ImportPath, module) {
+			continue
+		}
+		for _, imp := range p.Imports {
+			for _, k := range kernel {
+				if (imp == k || strings.HasPrefix(imp, k+"/")) && !mayTouchKernel(p.ImportPath) {
+					t.Errorf("%s imports %s: only lb/datapath touches kernel objects", p.ImportPath, imp)
+				}
+			}
+			if strings.HasPrefix(imp, "k8s.io/") && p.ImportPath != module+"/discovery/kubernetes" {
+				t.Errorf("%s imports %s: only discovery/kubernetes may import k8s.io", p.ImportPath, imp)
+			}
+			if strings.HasPrefix(p.ImportPath, module+"/discovery") && strings.HasPrefix(imp, module+"/lb/datapath") {
+				t.Errorf("%s imports %s: discovery sources know nothing of the datapath", p.ImportPath, imp)
+			}
+		}
+	}
+}
+
+func list(allowed []string) string {
+	if len(allowed) == 0 {
+		return ""
+	}
+	return " and " + strings.Join(allowed, ", ")
+}
