@@ -66,8 +66,8 @@ var (
 
 // LB is the loaded load-balancer datapath.
 type LB struct {
-	cfg  Config
-	log  *slog.Logger
+	cfg    Config
+	log    *slog.Logger
 	coll   *ebpf.Collection
 	prog   *ebpf.Program
 	progTC *ebpf.Program

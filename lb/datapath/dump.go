@@ -17,7 +17,8 @@ import (
 
 // State reads back what the maps hold, in the form the reconciler adopts
 // after a restart (reconciler.NewFromState). Service names are not stored
-// in the kernel; the daemon fills them from its configuration.
+// in the kernel; the daemon fills them from its configuration. A Maglev
+// slot cleared by DeleteTables holds no table.
 func (d *LB) State() (reconciler.State, error) {
 	byID := map[reconciler.ServiceID]*reconciler.ServiceState{}
 	get := func(id reconciler.ServiceID) *reconciler.ServiceState {
@@ -65,9 +66,12 @@ func (d *LB) State() (reconciler.State, error) {
 	)
 	mit := d.maglev.Iterate()
 	for mit.Next(&mk, &mid) {
-		table, err := readTable(mid)
+		table, ok, err := readTable(mid)
 		if err != nil {
 			return reconciler.State{}, fmt.Errorf("read Maglev table of service id %d: %w", mk, err)
+		}
+		if !ok {
+			continue
 		}
 		s := get(reconciler.ServiceID(mk))
 		s.HasTable = true
@@ -133,12 +137,21 @@ func backendFromMap(v bpf.LbBackend) reconciler.Backend {
 	return b
 }
 
-func readTable(id ebpf.MapID) ([]reconciler.BackendID, error) {
+// readTable reads the inner map id. ok is false for the empty table that
+// DeleteTables leaves behind: that slot holds no table.
+func readTable(id ebpf.MapID) (table []reconciler.BackendID, ok bool, err error) {
 	m, err := ebpf.NewMapFromID(id)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	defer m.Close()
+	info, err := m.Info()
+	if err != nil {
+		return nil, false, fmt.Errorf("read map info: %w", err)
+	}
+	if info.Name == tombstoneName {
+		return nil, false, nil
+	}
 	var (
 		k     uint32
 		chunk [maglevChunk]uint32
@@ -147,20 +160,20 @@ func readTable(id ebpf.MapID) ([]reconciler.BackendID, error) {
 	n := m.MaxEntries()
 	for k = 0; k < n; k++ {
 		if err := m.Lookup(&k, &chunk); err != nil {
-			return nil, err
+			return nil, false, err
 		}
 		flat = append(flat, chunk[:]...)
 	}
 	if len(flat) == 0 {
-		return nil, errors.New("empty table map")
+		return nil, false, errors.New("empty table map")
 	}
 	size := int(flat[0])
 	if size+1 > len(flat) {
-		return nil, fmt.Errorf("table claims %d slots but holds %d", size, len(flat)-1)
+		return nil, false, fmt.Errorf("table claims %d slots but holds %d", size, len(flat)-1)
 	}
 	out := make([]reconciler.BackendID, size)
 	for i := range out {
 		out[i] = reconciler.BackendID(flat[i+1])
 	}
-	return out, nil
+	return out, true, nil
 }

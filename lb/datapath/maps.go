@@ -22,7 +22,14 @@ import (
 // against the inner map's value size.
 const maglevChunk = 16
 
-var _ reconciler.Datapath = (*LB)(nil)
+var (
+	_ reconciler.Datapath     = (*LB)(nil)
+	_ reconciler.TableBatcher = (*LB)(nil)
+)
+
+// tombstoneName names the empty inner map DeleteTables leaves in the slots
+// it clears; State recognises it by this name, also after a restart.
+const tombstoneName = "maglev_deleted"
 
 // htons converts a port to the network-order value a __be16 field holds.
 func htons(p uint16) uint16 { return bits.ReverseBytes16(p) }
@@ -187,16 +194,30 @@ func (d *LB) DeleteBackend(id reconciler.BackendID) error {
 // SetTable builds the service's Maglev table in a new inner map and swaps
 // it into the outer map in one update.
 func (d *LB) SetTable(svc reconciler.ServiceID, table []reconciler.BackendID) error {
+	inner, err := d.newTable(fmt.Sprintf("maglev_%d", svc), svc, table)
+	if err != nil {
+		return err
+	}
+	defer inner.Close()
+	key := uint32(svc)
+	if err := d.maglev.Update(&key, inner, ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("swap in Maglev table for service id %d: %w", svc, err)
+	}
+	return nil
+}
+
+// newTable creates an inner map named name holding table, ready to be
+// swapped in for svc.
+func (d *LB) newTable(name string, svc reconciler.ServiceID, table []reconciler.BackendID) (*ebpf.Map, error) {
 	n := len(table) + 1
 	chunks := (n + maglevChunk - 1) / maglevChunk
 	spec := d.inner.Copy()
 	spec.MaxEntries = uint32(chunks)
-	spec.Name = fmt.Sprintf("maglev_%d", svc)
+	spec.Name = name
 	inner, err := ebpf.NewMap(spec)
 	if err != nil {
-		return fmt.Errorf("create Maglev table for service id %d (%d slots): %w", svc, len(table), err)
+		return nil, fmt.Errorf("create Maglev table for service id %d (%d slots): %w", svc, len(table), err)
 	}
-	defer inner.Close()
 
 	keys := make([]uint32, chunks)
 	vals := make([][maglevChunk]uint32, chunks)
@@ -209,13 +230,151 @@ func (d *LB) SetTable(svc reconciler.ServiceID, table []reconciler.BackendID) er
 		vals[s/maglevChunk][s%maglevChunk] = uint32(id)
 	}
 	if _, err := inner.BatchUpdate(keys, vals, nil); err != nil {
-		return fmt.Errorf("fill Maglev table for service id %d: %w", svc, err)
+		inner.Close()
+		return nil, fmt.Errorf("fill Maglev table for service id %d: %w", svc, err)
 	}
-	key := uint32(svc)
-	if err := d.maglev.Update(&key, inner, ebpf.UpdateAny); err != nil {
-		return fmt.Errorf("swap in Maglev table for service id %d: %w", svc, err)
+	return inner, nil
+}
+
+// SetTables builds each table in its own inner map, then swaps them all into
+// the outer map with one BPF_MAP_UPDATE_BATCH. The kernel waits for an RCU
+// grace period after every write to a map-in-map but only once per batch, so
+// n tables cost about what one SetTable costs, plus the builds. A table whose
+// inner map cannot be built fails alone; the others still go in.
+func (d *LB) SetTables(svcs []reconciler.ServiceID, tables [][]reconciler.BackendID) []error {
+	errs := make([]error, len(svcs))
+	if len(tables) != len(svcs) {
+		for i := range errs {
+			errs[i] = fmt.Errorf("swap in Maglev tables: %d service ids for %d tables (a reconciler bug)", len(svcs), len(tables))
+		}
+		return errs
 	}
-	return nil
+	var (
+		at     []int
+		keys   []uint32
+		inners []*ebpf.Map
+	)
+	defer func() {
+		// The outer map holds its own references to the tables it took.
+		for _, m := range inners {
+			m.Close()
+		}
+	}()
+	for i, svc := range svcs {
+		inner, err := d.newTable(fmt.Sprintf("maglev_%d", svc), svc, tables[i])
+		if err != nil {
+			errs[i] = err
+			continue
+		}
+		at = append(at, i)
+		keys = append(keys, uint32(svc))
+		inners = append(inners, inner)
+	}
+	for k, err := range d.swapIn(keys, inners) {
+		if err != nil {
+			errs[at[k]] = fmt.Errorf("swap in Maglev table for service id %d: %w", keys[k], err)
+		}
+	}
+	return errs
+}
+
+// DeleteTables removes several tables for the price of one. The kernel has
+// no batch delete for map-in-maps (BPF_MAP_DELETE_BATCH answers ENOTSUPP on
+// an array of maps, after waiting for a grace period all the same), so it
+// points their slots at one shared empty table in one batch update instead.
+// The program reads an empty table as it reads a missing one (no backend),
+// the old tables are freed as with a delete, and State reports the slots as
+// holding no table.
+func (d *LB) DeleteTables(svcs []reconciler.ServiceID) []error {
+	errs := make([]error, len(svcs))
+	tomb, err := d.newTable(tombstoneName, 0, nil)
+	if err != nil {
+		for i := range errs {
+			errs[i] = fmt.Errorf("delete Maglev table of service id %d: build the empty table that replaces it: %w", svcs[i], err)
+		}
+		return errs
+	}
+	defer tomb.Close()
+	keys := make([]uint32, len(svcs))
+	inners := make([]*ebpf.Map, len(svcs))
+	for i, svc := range svcs {
+		keys[i], inners[i] = uint32(svc), tomb
+	}
+	for i, err := range d.swapIn(keys, inners) {
+		if err != nil {
+			errs[i] = fmt.Errorf("delete Maglev table of service id %d: %w", svcs[i], err)
+		}
+	}
+	return errs
+}
+
+// swapIn points the outer map's slot keys[k] at inners[k] for every k with
+// one batch update, and returns one error per slot.
+//
+// The kernel applies a batch entry by entry and stops at the first it
+// cannot apply; the count it returns says how far it got, except when it
+// failed before the first entry, where the count is left as it was passed.
+// So after a failure every slot is read back: a slot holding its new map is
+// done whatever the count says, any other slot was not changed (a single
+// entry is applied whole or not at all).
+func (d *LB) swapIn(keys []uint32, inners []*ebpf.Map) []error {
+	errs := make([]error, len(keys))
+	if len(keys) == 0 {
+		return errs
+	}
+	fds := make([]uint32, len(inners))
+	for k, m := range inners {
+		fds[k] = uint32(m.FD())
+	}
+	n, err := d.maglev.BatchUpdate(keys, fds, nil)
+	if err == nil {
+		return errs
+	}
+	if errors.Is(err, ebpf.ErrNotSupported) {
+		// A kernel without batch updates on a map of maps: one grace
+		// period per slot, as SetTable pays.
+		for k := range keys {
+			if e := d.maglev.Update(&keys[k], inners[k], ebpf.UpdateAny); e != nil {
+				errs[k] = e
+			}
+		}
+		return errs
+	}
+	for k := range keys {
+		done, rerr := d.holds(keys[k], inners[k])
+		switch {
+		case rerr != nil:
+			errs[k] = fmt.Errorf("batch update of %d slots failed (%w) and reading slot %d back failed too (%v), so whether it changed is unknown", len(keys), err, keys[k], rerr)
+		case done:
+		case k == n:
+			errs[k] = err
+		case n < k:
+			errs[k] = fmt.Errorf("not applied: the batch update stopped at slot %d before reaching it: %w", keys[n], err)
+		default:
+			errs[k] = fmt.Errorf("not applied: the batch update of %d slots failed: %w", len(keys), err)
+		}
+	}
+	return errs
+}
+
+// holds reports whether the outer map's slot key points at m.
+func (d *LB) holds(key uint32, m *ebpf.Map) (bool, error) {
+	info, err := m.Info()
+	if err != nil {
+		return false, fmt.Errorf("read inner map info: %w", err)
+	}
+	want, ok := info.ID()
+	if !ok {
+		return false, errors.New("the kernel does not report map ids")
+	}
+	var got ebpf.MapID
+	if err := d.maglev.Lookup(&key, &got); err != nil {
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return false, nil
+		}
+		return false, err
+	}
+	return got == want, nil
 }
 
 // DeleteTable removes the service's table.

@@ -45,6 +45,8 @@ type Backend struct {
 // reconciler will issue it again on its next pass. The reconciler orders calls
 // so that the datapath never holds a service entry without its table, nor a
 // table that names a backend id that is absent or owned by another service.
+// A datapath that can swap many tables for the price of one also implements
+// TableBatcher.
 type Datapath interface {
 	// SetBackend creates or replaces the backend entry at id.
 	SetBackend(id BackendID, b Backend) error
@@ -67,6 +69,31 @@ type Datapath interface {
 	SetService(id ServiceID, svc lb.Service) error
 	// DeleteService removes the service entry keyed by fe, which holds id.
 	DeleteService(id ServiceID, fe lb.Frontend) error
+}
+
+// TableBatcher is implemented by datapaths for which swapping many tables at
+// once costs much less than swapping them one by one. The BPF datapath is
+// one: the kernel waits for an RCU grace period (milliseconds) after every
+// write to a map-in-map, but only once per batch. The reconciler uses it
+// when a pass swaps or deletes more than one table; a single table still
+// goes through SetTable or DeleteTable.
+//
+// Both methods return exactly one error per entry, in order: nil means that
+// entry is done, and an entry that failed changed nothing for its service,
+// as with SetTable. Entries are independent: any of them may fail while the
+// others succeed. When the kernel does not say how far a failed batch got,
+// the datapath reads the entries back before it answers; an entry whose
+// outcome stays unknown reports an error. The reconciler issues a failed
+// entry again on its next pass, and treats a result slice of the wrong
+// length as every entry failed.
+type TableBatcher interface {
+	// SetTables swaps in tables[i] for svcs[i], each with the contract of
+	// SetTable. The ids are distinct; the slices are only valid during
+	// the call.
+	SetTables(svcs []ServiceID, tables [][]BackendID) []error
+	// DeleteTables removes the tables of svcs, each with the contract of
+	// DeleteTable. The ids are distinct.
+	DeleteTables(svcs []ServiceID) []error
 }
 
 // Entry returns the part of svc that the datapath's service entry holds:

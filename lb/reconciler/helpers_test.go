@@ -29,14 +29,42 @@ func testConfig() reconciler.Config {
 	return reconciler.Config{Seed: testSeed, MaxServices: 64, MaxBackends: 256}
 }
 
-// newFixture returns a reconciler on a fake that checks the datapath rules
-// after every single operation.
+// newFixture returns a reconciler on a fake that batches table swaps and
+// checks the datapath rules after every single operation.
 func newFixture(t testing.TB, cfg reconciler.Config) (*reconciler.Reconciler, *reconcilertest.Fake) {
+	t.Helper()
+	return newFixtureMode(t, cfg, batched)
+}
+
+// mode says whether the reconciler sees the fake's reconciler.TableBatcher.
+type mode bool
+
+const (
+	batched   mode = true
+	unbatched mode = false
+)
+
+var modes = []mode{batched, unbatched}
+
+func (m mode) String() string {
+	if m == batched {
+		return "batched"
+	}
+	return "unbatched"
+}
+
+// newFixtureMode is newFixture with the reconciler driving the fake in
+// mode m.
+func newFixtureMode(t testing.TB, cfg reconciler.Config, m mode) (*reconciler.Reconciler, *reconcilertest.Fake) {
 	t.Helper()
 	f := reconcilertest.NewFake()
 	f.SetLimits(cfg.MaxServices, cfg.MaxBackends)
 	f.CheckEachOp(true)
-	return reconciler.New(cfg, f, nil), f
+	var dp reconciler.Datapath = f
+	if m == unbatched {
+		dp = reconcilertest.Unbatched(f)
+	}
+	return reconciler.New(cfg, dp, nil), f
 }
 
 // svc returns a resolved SNAT service on vip:port/tcp with table size 7.
@@ -81,10 +109,17 @@ func cloneAll(ss []lb.Service) []lb.Service {
 // by the golden dumps.
 func short(op reconcilertest.Op) string {
 	if op.Kind == reconcilertest.OpSetTable {
+		s := fmt.Sprintf("SetTable(%d, %d slots)", op.Service, len(op.Table))
 		if len(op.Table) == 0 {
-			return fmt.Sprintf("SetTable(%d, empty)", op.Service)
+			s = fmt.Sprintf("SetTable(%d, empty)", op.Service)
 		}
-		return fmt.Sprintf("SetTable(%d, %d slots)", op.Service, len(op.Table))
+		if op.Batch > 0 {
+			s += " in batch"
+		}
+		if op.Err != nil {
+			s += " failed: " + op.Err.Error()
+		}
+		return s
 	}
 	return op.String()
 }
@@ -97,15 +132,76 @@ func shortOps(ops []reconcilertest.Op) []string {
 	return out
 }
 
-// succeeded counts the ops that were applied.
+// succeeded counts the writes (ops other than those opening a batch) that
+// were applied.
 func succeeded(ops []reconcilertest.Op) int {
 	n := 0
 	for _, op := range ops {
-		if op.Err == nil {
+		if op.Err == nil && !op.IsBatch() {
 			n++
 		}
 	}
 	return n
+}
+
+// writes counts the ops other than those opening a batch: the entries a
+// datapath writes, whether or not they come in batches.
+func writes(ops []reconcilertest.Op) int {
+	n := 0
+	for _, op := range ops {
+		if !op.IsBatch() {
+			n++
+		}
+	}
+	return n
+}
+
+// flat returns ops as a datapath without batches would have received them:
+// without the ops opening a batch, and with the entries as calls on their
+// own.
+func flat(ops []reconcilertest.Op) []reconcilertest.Op {
+	var out []reconcilertest.Op
+	for _, op := range ops {
+		if op.IsBatch() {
+			continue
+		}
+		op.Batch = 0
+		out = append(out, op)
+	}
+	return out
+}
+
+// shape summarizes an op log as runs of one kind, e.g. "SetBackend*3", with
+// a batch shown as its opening op, e.g. "SetTables(4 entries)", and its
+// entries left out: it is the order of the phases and the number of
+// datapath calls.
+func shape(ops []reconcilertest.Op) []string {
+	var out []string
+	last, n := "", 0
+	emit := func() {
+		switch {
+		case n == 1:
+			out = append(out, last)
+		case n > 1:
+			out = append(out, fmt.Sprintf("%s*%d", last, n))
+		}
+	}
+	for _, op := range ops {
+		if op.Batch > 0 && !op.IsBatch() {
+			continue
+		}
+		k := op.Kind.String()
+		if op.IsBatch() {
+			k = op.String()
+		}
+		if k != last {
+			emit()
+			last, n = k, 0
+		}
+		n++
+	}
+	emit()
+	return out
 }
 
 // normalize reduces a State to what both the reconciler and the datapath
@@ -218,10 +314,14 @@ func golden(t *testing.T, name, got string) {
 	}
 }
 
-// opsText prints ops one per line in full, tables included.
+// opsText prints ops one per line in full, tables included, with the
+// entries of a batch indented under the op that opens it.
 func opsText(ops []reconcilertest.Op) string {
 	var sb strings.Builder
 	for _, op := range ops {
+		if op.Batch > 0 && !op.IsBatch() {
+			sb.WriteString("  ")
+		}
 		sb.WriteString("  " + op.String() + "\n")
 	}
 	return sb.String()

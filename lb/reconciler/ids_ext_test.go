@@ -215,10 +215,18 @@ func checkHolds(t *testing.T, desired []lb.Service, r *reconciler.Reconciler, f 
 // A long random walk through desired states, with random operation
 // failures on some passes: the rules hold after every operation, the view
 // matches the datapath after every pass, ids of what persists never change,
-// and a clean pass always converges to the desired state.
+// and a clean pass always converges to the desired state. It runs with and
+// without batched table swaps; with them, failures hit whole batches and
+// single entries.
 func TestRandomWalk(t *testing.T) {
+	for _, m := range modes {
+		t.Run(m.String(), func(t *testing.T) { testRandomWalk(t, m) })
+	}
+}
+
+func testRandomWalk(t *testing.T, m mode) {
 	rng := rand.New(rand.NewPCG(7, 11))
-	r, f := newFixture(t, reconciler.Config{Seed: testSeed, MaxServices: 16, MaxBackends: 64})
+	r, f := newFixtureMode(t, reconciler.Config{Seed: testSeed, MaxServices: 16, MaxBackends: 64}, m)
 	prev := map[string]reconciler.BackendID{}
 	prevSvc := map[lb.Frontend]reconciler.ServiceID{}
 	for step := range 400 {

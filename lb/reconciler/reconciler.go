@@ -14,6 +14,26 @@
 // names a backend the service does not own, and the next Reconcile picks up
 // where the failed one stopped.
 //
+// A pass runs those steps in phases across services rather than service by
+// service, because swapping a table is the expensive step: in the BPF
+// datapath it is a write to a map-in-map, after which the kernel waits for an
+// RCU grace period (about 9 ms), while a batch of writes waits only once. So
+// removals run as three phases (every entry, then every table, then every
+// backend), and additions and changes as three more: per service, validate,
+// reserve ids, write its backends and build its table; then one table phase
+// for all of them; then per service its entry and the deletion of backends it
+// no longer uses. With a datapath that implements TableBatcher, a table
+// phase of more than one table is a single SetTables or DeleteTables call;
+// a lone table still goes through SetTable or DeleteTable, so a one-backend
+// change costs what it always did. Make-before-break holds per service at
+// every point, since each phase only runs for services whose earlier phases
+// succeeded. A service whose step fails stops there and the others go on.
+//
+// The table phase of additions and changes holds every table it swaps in
+// memory, so a pass with very many of them runs in chunks (at most 1024
+// tables or 4Mi slots, about 16 MiB): each chunk goes through its three
+// phases before the next one starts, and pays one grace period.
+//
 // A table carries its own size (the Datapath contract), so even a new table
 // size is make-before-break: the new table is swapped in, then the entry.
 //
@@ -50,6 +70,17 @@ type Config struct {
 	MaxBackends uint32
 }
 
+// Limits of one chunk of additions and changes (see the package doc). The
+// slot limit bounds the memory the chunk's tables take; the table limit
+// bounds the inner maps (and file descriptors) a batching datapath holds
+// open at once; the service limit bounds the bookkeeping of services that
+// need no new table.
+const (
+	chunkTables   = 1024
+	chunkSlots    = 1 << 22
+	chunkServices = 4096
+)
+
 // Reconciler keeps the datapath in step with the desired services. Its
 // methods serialize on an internal lock: one Reconcile runs at a time, and
 // Programmed called from another goroutine waits for it to finish.
@@ -57,6 +88,7 @@ type Reconciler struct {
 	mu  sync.Mutex
 	cfg Config
 	dp  Datapath
+	tb  TableBatcher // dp when it batches table swaps, else nil
 	log *slog.Logger
 
 	svcIDs idQueue
@@ -73,6 +105,9 @@ type Reconciler struct {
 
 	builder maglev.Builder
 
+	// Chunk limits, the constants above except in tests.
+	maxTables, maxSlots, maxServices int
+
 	// Scratch space reused by every pass, so that a pass that changes one
 	// service allocates little whatever the number of services.
 	names   map[string]int
@@ -84,7 +119,38 @@ type Reconciler struct {
 	elig    []maglev.Backend
 	eligIdx []int
 	slots   []int32
-	target  []BackendID
+	errs    []error
+
+	// The chunk of additions and changes in progress: its services in
+	// frontend order, their target tables back to back in targets, and
+	// the indexes of their eligible backends back to back in eligs.
+	chunk       []pending
+	targets     []BackendID
+	eligs       []int
+	chunkTables int
+	releases    int // backend ids the chunk's services will release
+
+	// Scratch of the table phases.
+	at      []int
+	ids     []ServiceID
+	tables  [][]BackendID
+	removed []error
+}
+
+// pending is one added or changed service of the chunk in progress, between
+// the phases of a pass.
+type pending struct {
+	d   *lb.Service
+	v   *service // nil when the service was refused before it got one
+	err error    // why the service stopped; it goes no further this pass
+
+	entry      lb.Service // Entry(*d)
+	needTable  bool
+	needEntry  bool
+	added      bool
+	tOff, tEnd int // its target table, r.targets[tOff:tEnd], when needTable
+	eOff, eEnd int // its eligible backends, r.eligs[eOff:eEnd], when needTable
+	ops        int
 }
 
 // service is the reconciler's record of one service in the datapath. It
@@ -136,19 +202,26 @@ type tableInput struct {
 }
 
 // New returns a reconciler for an empty datapath. A nil log discards output.
+// When dp also implements TableBatcher, passes that swap several tables use
+// it.
 func New(cfg Config, dp Datapath, log *slog.Logger) *Reconciler {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	tb, _ := dp.(TableBatcher)
 	return &Reconciler{
-		cfg:      cfg,
-		dp:       dp,
-		log:      log,
-		svcIDs:   newIDQueue(cfg.MaxServices),
-		beIDs:    newIDQueue(cfg.MaxBackends),
-		services: make(map[lb.Frontend]*service),
-		names:    make(map[string]int),
-		fresh:    make(map[lb.Frontend]int),
+		cfg:         cfg,
+		dp:          dp,
+		tb:          tb,
+		log:         log,
+		svcIDs:      newIDQueue(cfg.MaxServices),
+		beIDs:       newIDQueue(cfg.MaxBackends),
+		services:    make(map[lb.Frontend]*service),
+		maxTables:   chunkTables,
+		maxSlots:    chunkSlots,
+		maxServices: chunkServices,
+		names:       make(map[string]int),
+		fresh:       make(map[lb.Frontend]int),
 	}
 }
 
@@ -167,7 +240,6 @@ func (r *Reconciler) Reconcile(desired []lb.Service) error {
 	defer r.mu.Unlock()
 
 	r.gen++
-	var errs []error
 	clear(r.names)
 	clear(r.fresh)
 	work := r.work[:0]
@@ -187,7 +259,7 @@ func (r *Reconciler) Reconcile(desired []lb.Service) error {
 		r.prev = append(r.prev, v)
 		if v != nil {
 			if v.seen == r.gen {
-				errs = append(errs, fmt.Errorf("service %q: frontend %s is already claimed by service %q; give one of them another VIP, port or protocol",
+				r.errs = append(r.errs, fmt.Errorf("service %q: frontend %s is already claimed by service %q; give one of them another VIP, port or protocol",
 					d.Name, d.Frontend, desired[v.claim].Name))
 				continue
 			}
@@ -195,14 +267,14 @@ func (r *Reconciler) Reconcile(desired []lb.Service) error {
 			seen++
 		} else {
 			if j, dup := r.fresh[d.Frontend]; dup {
-				errs = append(errs, fmt.Errorf("service %q: frontend %s is already claimed by service %q; give one of them another VIP, port or protocol",
+				r.errs = append(r.errs, fmt.Errorf("service %q: frontend %s is already claimed by service %q; give one of them another VIP, port or protocol",
 					d.Name, d.Frontend, desired[j].Name))
 				continue
 			}
 			r.fresh[d.Frontend] = i
 		}
 		if j, dup := r.names[d.Name]; dup {
-			errs = append(errs, fmt.Errorf("service %q (%s): name already used by the service at %s; service names must be unique",
+			r.errs = append(r.errs, fmt.Errorf("service %q (%s): name already used by the service at %s; service names must be unique",
 				d.Name, d.Frontend, desired[j].Frontend))
 			continue
 		}
@@ -216,40 +288,36 @@ func (r *Reconciler) Reconcile(desired []lb.Service) error {
 	// Removals go first: they only free ids, and freed ids join the back of
 	// the queues, so they are handed out in this pass only when nothing else
 	// is left, which is exactly when a full datapath needs them.
-	for _, o := range r.orphans {
-		if err := r.remove(o); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	r.orphans = slices.DeleteFunc(r.orphans, func(o *service) bool { return o.id == NoService })
-
-	gone := r.gone[:0]
+	gone := append(r.gone[:0], r.orphans...)
 	if seen < len(r.services) {
+		n := len(gone)
 		for _, v := range r.services {
 			if v.seen != r.gen {
 				gone = append(gone, v)
 			}
 		}
-		slices.SortFunc(gone, func(a, b *service) int { return a.fe.Compare(b.fe) })
-		for _, v := range gone {
-			if err := r.remove(v); err != nil {
-				errs = append(errs, err)
-			}
-		}
+		slices.SortFunc(gone[n:], func(a, b *service) int { return a.fe.Compare(b.fe) })
+	}
+	if len(gone) > 0 {
+		r.removeAll(gone)
+		r.orphans = slices.DeleteFunc(r.orphans, func(o *service) bool { return o.id == NoService })
 	}
 	clear(gone)
 	r.gone = gone[:0]
 
 	slices.SortFunc(work, func(a, b *lb.Service) int { return a.Frontend.Compare(b.Frontend) })
 	for _, d := range work {
-		if err := r.apply(d); err != nil {
-			errs = append(errs, err)
-		}
+		r.stage(d)
 	}
+	r.flush()
 	clear(work)
 	r.work = work[:0]
 	clear(r.prev[len(r.prev):cap(r.prev)])
-	return errors.Join(errs...)
+
+	err := errors.Join(r.errs...)
+	clear(r.errs)
+	r.errs = r.errs[:0]
+	return err
 }
 
 // sameService reports whether a and b are identical in every field, so that
@@ -268,8 +336,23 @@ func sameService(a, b *lb.Service) bool {
 		slices.Equal(a.SourceRanges, b.SourceRanges)
 }
 
-// apply brings one added or changed service to the datapath.
-func (r *Reconciler) apply(d *lb.Service) error {
+// stage runs the first phase of an added or changed service: it validates
+// the service, reserves its ids, writes its new and changed backends and
+// builds its table, then adds it to the chunk. A full chunk is flushed.
+func (r *Reconciler) stage(d *lb.Service) {
+	p := pending{d: d}
+	p.err = r.prepare(&p)
+	r.chunk = append(r.chunk, p)
+	if p.err == nil && p.needTable {
+		r.chunkTables++
+	}
+	if r.chunkTables >= r.maxTables || len(r.targets) >= r.maxSlots || len(r.chunk) >= r.maxServices {
+		r.flush()
+	}
+}
+
+func (r *Reconciler) prepare(p *pending) error {
+	d := p.d
 	if err := validate(d); err != nil {
 		return err
 	}
@@ -291,7 +374,7 @@ func (r *Reconciler) apply(d *lb.Service) error {
 		cur = v.backends
 	}
 	next := make([]backend, 0, len(want)+len(cur))
-	newIDs := 0
+	newIDs, releases := 0, 0
 	i, j := 0, 0
 	for i < len(cur) || j < len(want) {
 		var c int
@@ -308,6 +391,7 @@ func (r *Reconciler) apply(d *lb.Service) error {
 			b := cur[i]
 			b.wanted = false
 			next = append(next, b)
+			releases++
 			i++
 		case c > 0:
 			next = append(next, backend{addr: want[j].Addr, wanted: true, wantState: want[j].State, weight: want[j].Weight})
@@ -323,6 +407,12 @@ func (r *Reconciler) apply(d *lb.Service) error {
 
 	if v == nil && r.svcIDs.len() == 0 {
 		return fmt.Errorf("service %q: service map full (max_services = %d); raise datapath.max_services", d.Name, r.cfg.MaxServices)
+	}
+	if newIDs > r.beIDs.len() && r.releases > 0 {
+		// Services earlier in the chunk will release backend ids in
+		// their last phase. Run it now, so this service may have them
+		// as it would if services were programmed one by one.
+		r.flush()
 	}
 	if newIDs > r.beIDs.len() {
 		return fmt.Errorf("service %q: backend map full (max_backends = %d); raise datapath.max_backends", d.Name, r.cfg.MaxBackends)
@@ -363,23 +453,29 @@ func (r *Reconciler) apply(d *lb.Service) error {
 	v.backends = next
 	v.name = d.Name
 	v.clean = false
+	p.v = v
+	r.releases += releases
 
-	target := v.table
+	p.tOff = len(r.targets)
 	if !reuse {
-		target = r.target[:0]
 		for _, s := range r.slots {
-			target = append(target, next[eligIdx[s]].id)
+			r.targets = append(r.targets, next[eligIdx[s]].id)
 		}
-		r.target = target
+		p.tEnd = len(r.targets)
+		p.needTable = !v.hasTable || !slices.Equal(v.table, r.targets[p.tOff:p.tEnd])
 	}
-	needTable := !v.hasTable || !slices.Equal(v.table, target)
-	if !needTable {
+	if p.needTable {
+		p.eOff = len(r.eligs)
+		r.eligs = append(r.eligs, eligIdx...)
+		p.eEnd = len(r.eligs)
+	} else {
+		r.targets = r.targets[:p.tOff]
+		p.tEnd = p.tOff
 		v.setTableKey(d.TableSize, next, eligIdx)
 	}
-	entry := Entry(*d)
-	needEntry := !v.hasEntry || !entryEqual(&v.entry, &entry)
-	added := !v.hasEntry
-	ops := 0
+	p.entry = Entry(*d)
+	p.needEntry = !v.hasEntry || !entryEqual(&v.entry, &p.entry)
+	p.added = !v.hasEntry
 
 	for k := range v.backends {
 		b := &v.backends[k]
@@ -390,41 +486,110 @@ func (r *Reconciler) apply(d *lb.Service) error {
 			return fmt.Errorf("service %q: SetBackend %d (%s, %s): %w; the next reconcile retries", d.Name, b.id, b.addr, b.wantState, err)
 		}
 		b.programmed, b.state = true, b.wantState
-		ops++
+		p.ops++
 		r.log.Debug("backend set", "service", d.Name, "backend", b.addr, "id", b.id, "state", b.wantState)
 	}
+	return nil
+}
 
-	setTable := func(t []BackendID) error {
-		if err := r.dp.SetTable(v.id, t); err != nil {
-			return fmt.Errorf("service %q: SetTable %d (%d slots): %w; the next reconcile retries", d.Name, v.id, len(t), err)
+// flush runs the last two phases of the chunk: the table phase for all its
+// services that need a new table, then each service's entry and the
+// deletion of the backends it no longer uses. It reports the chunk's errors
+// in frontend order and empties it.
+func (r *Reconciler) flush() {
+	r.swapTables()
+	for i := range r.chunk {
+		p := &r.chunk[i]
+		if p.err == nil {
+			p.err = r.finish(p)
 		}
-		v.table = append(v.table[:0], t...)
-		v.hasTable = true
-		v.tableKeyOK = false
-		ops++
-		r.log.Debug("table set", "service", d.Name, "id", v.id, "slots", len(t))
-		return nil
+		if p.err != nil {
+			r.errs = append(r.errs, p.err)
+		}
 	}
-	setService := func() error {
-		if err := r.dp.SetService(v.id, entry); err != nil {
+	clear(r.chunk)
+	r.chunk = r.chunk[:0]
+	r.targets = r.targets[:0]
+	r.eligs = r.eligs[:0]
+	r.chunkTables, r.releases = 0, 0
+}
+
+// swapTables is the table phase of a chunk: one SetTables for all the
+// tables when the datapath batches and there is more than one, else one
+// SetTable per table.
+func (r *Reconciler) swapTables() {
+	at := r.at[:0]
+	for i := range r.chunk {
+		if p := &r.chunk[i]; p.err == nil && p.needTable {
+			at = append(at, i)
+		}
+	}
+	r.at = at
+	if r.tb == nil || len(at) < 2 {
+		for _, i := range at {
+			p := &r.chunk[i]
+			t := r.targets[p.tOff:p.tEnd]
+			if err := r.dp.SetTable(p.v.id, t); err != nil {
+				p.err = fmt.Errorf("service %q: SetTable %d (%d slots): %w; the next reconcile retries", p.d.Name, p.v.id, len(t), err)
+				continue
+			}
+			r.tableSet(p)
+		}
+		return
+	}
+
+	ids, tables := r.ids[:0], r.tables[:0]
+	for _, i := range at {
+		p := &r.chunk[i]
+		ids = append(ids, p.v.id)
+		tables = append(tables, r.targets[p.tOff:p.tEnd])
+	}
+	res := r.tb.SetTables(ids, tables)
+	r.log.Debug("tables swapped in one batch", "tables", len(ids))
+	for k, i := range at {
+		p := &r.chunk[i]
+		if err := batchResult(res, k, len(ids)); err != nil {
+			p.err = fmt.Errorf("service %q: SetTables entry %d of %d (id %d, %d slots): %w; the next reconcile retries",
+				p.d.Name, k+1, len(ids), p.v.id, len(tables[k]), err)
+			continue
+		}
+		r.tableSet(p)
+	}
+	clear(tables)
+	r.ids, r.tables = ids[:0], tables[:0]
+}
+
+// batchResult returns the outcome of entry k of a batch of n from res,
+// treating every entry as failed when the datapath broke the contract of one
+// result per entry.
+func batchResult(res []error, k, n int) error {
+	if len(res) != n {
+		return fmt.Errorf("datapath returned %d results for a batch of %d, so the outcome is unknown", len(res), n)
+	}
+	return res[k]
+}
+
+// tableSet records that p's target table is in place.
+func (r *Reconciler) tableSet(p *pending) {
+	v := p.v
+	v.table = append(v.table[:0], r.targets[p.tOff:p.tEnd]...)
+	v.hasTable = true
+	v.setTableKey(p.d.TableSize, v.backends, r.eligs[p.eOff:p.eEnd])
+	p.ops++
+	r.log.Debug("table set", "service", p.d.Name, "id", v.id, "slots", p.tEnd-p.tOff)
+}
+
+// finish is the last phase of an added or changed service: its entry, then
+// the deletion of the backends its table no longer names.
+func (r *Reconciler) finish(p *pending) error {
+	v, d := p.v, p.d
+	if p.needEntry {
+		if err := r.dp.SetService(v.id, p.entry); err != nil {
 			return fmt.Errorf("service %q: SetService %d (%s): %w; the next reconcile retries", d.Name, v.id, d.Frontend, err)
 		}
-		v.entry, v.hasEntry = entry, true
-		ops++
+		v.entry, v.hasEntry = p.entry, true
+		p.ops++
 		r.log.Debug("service entry set", "service", d.Name, "id", v.id)
-		return nil
-	}
-
-	if needTable {
-		if err := setTable(target); err != nil {
-			return err
-		}
-		v.setTableKey(d.TableSize, next, eligIdx)
-	}
-	if needEntry {
-		if err := setService(); err != nil {
-			return err
-		}
 	}
 
 	var err error
@@ -439,7 +604,7 @@ func (r *Reconciler) apply(d *lb.Service) error {
 				err = fmt.Errorf("service %q: DeleteBackend %d (%s): %w; the next reconcile retries", d.Name, b.id, b.addr, e)
 			} else {
 				r.beIDs.push(uint32(b.id))
-				ops++
+				p.ops++
 				r.log.Debug("backend deleted", "service", d.Name, "backend", b.addr, "id", b.id)
 				continue
 			}
@@ -454,10 +619,10 @@ func (r *Reconciler) apply(d *lb.Service) error {
 
 	v.want = d.Clone()
 	v.clean = true
-	if added {
-		r.log.Info("service added", "service", d.Name, "frontend", d.Frontend, "id", v.id, "ops", ops)
+	if p.added {
+		r.log.Info("service added", "service", d.Name, "frontend", d.Frontend, "id", v.id, "ops", p.ops)
 	} else {
-		r.log.Debug("service updated", "service", d.Name, "frontend", d.Frontend, "id", v.id, "ops", ops)
+		r.log.Debug("service updated", "service", d.Name, "frontend", d.Frontend, "id", v.id, "ops", p.ops)
 	}
 	return nil
 }
@@ -486,29 +651,79 @@ func sameInputs(key []tableInput, bs []backend, idx []int) bool {
 	return true
 }
 
-// remove takes a service that is no longer desired out of the datapath:
-// entry, table, then backends. On success it releases the ids and forgets
-// the service; on failure it keeps what is left for the next pass.
-func (r *Reconciler) remove(v *service) error {
-	label := v.label()
-	if v.hasEntry {
+// removeAll takes services that are no longer desired out of the datapath
+// in three phases: every entry, then every table (one DeleteTables when the
+// datapath batches and more than one goes), then every backend. A service
+// that fails a phase keeps what is left for the next pass; the others go on.
+// On success a service's ids are released and it is forgotten.
+func (r *Reconciler) removeAll(vs []*service) {
+	errs := slices.Grow(r.removed[:0], len(vs))[:len(vs)]
+	for i, v := range vs {
+		if !v.hasEntry {
+			continue
+		}
 		if err := r.dp.DeleteService(v.id, v.fe); err != nil {
-			return fmt.Errorf("%s: DeleteService %d: %w; the next reconcile retries", label, v.id, err)
+			errs[i] = fmt.Errorf("%s: DeleteService %d: %w; the next reconcile retries", v.label(), v.id, err)
+			continue
 		}
 		v.hasEntry = false
 		v.clean = false
 	}
-	if v.hasTable {
-		if err := r.dp.DeleteTable(v.id); err != nil {
-			return fmt.Errorf("%s: DeleteTable %d: %w; the next reconcile retries", label, v.id, err)
+
+	at := r.at[:0]
+	for i, v := range vs {
+		if errs[i] == nil && v.hasTable {
+			at = append(at, i)
 		}
-		v.hasTable, v.table, v.tableKeyOK = false, nil, false
 	}
+	r.at = at
+	if r.tb == nil || len(at) < 2 {
+		for _, i := range at {
+			v := vs[i]
+			if err := r.dp.DeleteTable(v.id); err != nil {
+				errs[i] = fmt.Errorf("%s: DeleteTable %d: %w; the next reconcile retries", v.label(), v.id, err)
+				continue
+			}
+			v.hasTable, v.table, v.tableKeyOK = false, nil, false
+		}
+	} else {
+		ids := r.ids[:0]
+		for _, i := range at {
+			ids = append(ids, vs[i].id)
+		}
+		r.ids = ids[:0]
+		res := r.tb.DeleteTables(ids)
+		r.log.Debug("tables deleted in one batch", "tables", len(ids))
+		for k, i := range at {
+			v := vs[i]
+			if err := batchResult(res, k, len(ids)); err != nil {
+				errs[i] = fmt.Errorf("%s: DeleteTables entry %d of %d (id %d): %w; the next reconcile retries", v.label(), k+1, len(ids), v.id, err)
+				continue
+			}
+			v.hasTable, v.table, v.tableKeyOK = false, nil, false
+		}
+	}
+
+	for i, v := range vs {
+		if errs[i] == nil {
+			errs[i] = r.dropBackends(v)
+		}
+		if errs[i] != nil {
+			r.errs = append(r.errs, errs[i])
+		}
+	}
+	clear(errs)
+	r.removed = errs[:0]
+}
+
+// dropBackends is the last phase of a removal: the service's backends, then
+// its id.
+func (r *Reconciler) dropBackends(v *service) error {
 	for len(v.backends) > 0 {
 		b := v.backends[0]
 		if b.programmed {
 			if err := r.dp.DeleteBackend(b.id); err != nil {
-				return fmt.Errorf("%s: DeleteBackend %d (%s): %w; the next reconcile retries", label, b.id, b.addr, err)
+				return fmt.Errorf("%s: DeleteBackend %d (%s): %w; the next reconcile retries", v.label(), b.id, b.addr, err)
 			}
 		}
 		r.beIDs.push(uint32(b.id))

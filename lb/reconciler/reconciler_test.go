@@ -24,6 +24,11 @@ var (
 
 // With web and api programmed from empty: web is service 1 with backends
 // 1 (10.1.0.1) and 2 (10.1.0.2); api is service 2 with backend 3.
+//
+// Each case runs with and without batched table swaps. want is the sequence
+// without batches; with them, the same calls are made except that the
+// tables of one phase go in one batch when there are several, and both end
+// in the same datapath. The golden files hold the batched sequence.
 func TestReconcileSequences(t *testing.T) {
 	withWeb := func(fn func(*lb.Service)) []lb.Service { return []lb.Service{edit(web, fn), api} }
 	tests := []struct {
@@ -47,10 +52,10 @@ func TestReconcileSequences(t *testing.T) {
 			want: []string{
 				"SetBackend(1, 10.1.0.1:80 service=1 active)",
 				"SetBackend(2, 10.1.0.2:80 service=1 active)",
-				"SetTable(1, 7 slots)",
-				"SetService(1, 10.0.0.1:80/tcp mode=snat dispatch=ipip table_size=7)",
 				"SetBackend(3, 10.2.0.1:443 service=2 active)",
+				"SetTable(1, 7 slots)",
 				"SetTable(2, 7 slots)",
+				"SetService(1, 10.0.0.1:80/tcp mode=snat dispatch=ipip table_size=7)",
 				"SetService(2, 10.0.0.2:443/tcp mode=snat dispatch=ipip table_size=7)",
 			},
 		},
@@ -236,33 +241,43 @@ func TestReconcileSequences(t *testing.T) {
 
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			r, f := newFixture(t, testConfig())
-			if err := r.Reconcile(cloneAll(tt.before)); err != nil {
-				t.Fatalf("Reconcile(before): %v", err)
-			}
-			f.ResetOps()
-			if err := r.Reconcile(cloneAll(tt.after)); err != nil {
-				t.Fatalf("Reconcile(after): %v", err)
-			}
-			ops := f.Ops()
-			if diff := cmp.Diff(tt.want, shortOps(ops), cmpOpts...); diff != "" {
-				t.Errorf("ops (-want +got):\n%s", diff)
-			}
-			if err := f.CheckInvariants(); err != nil {
-				t.Errorf("invariants: %v", err)
-			}
-			checkView(t, r, f)
-			checkTables(t, tt.after, r, f)
+			ops := map[mode][]reconcilertest.Op{}
+			dumps := map[mode]string{}
+			for _, m := range modes {
+				r, f := newFixtureMode(t, testConfig(), m)
+				if err := r.Reconcile(cloneAll(tt.before)); err != nil {
+					t.Fatalf("%s: Reconcile(before): %v", m, err)
+				}
+				f.ResetOps()
+				if err := r.Reconcile(cloneAll(tt.after)); err != nil {
+					t.Fatalf("%s: Reconcile(after): %v", m, err)
+				}
+				ops[m], dumps[m] = f.Ops(), f.Dump()
+				if diff := cmp.Diff(tt.want, shortOps(flat(ops[m])), cmpOpts...); diff != "" {
+					t.Errorf("%s: ops without batches (-want +got):\n%s", m, diff)
+				}
+				if err := f.CheckInvariants(); err != nil {
+					t.Errorf("%s: invariants: %v", m, err)
+				}
+				checkView(t, r, f)
+				checkTables(t, tt.after, r, f)
 
-			// A second pass with the same state has nothing left to do.
-			f.ResetOps()
-			if err := r.Reconcile(cloneAll(tt.after)); err != nil {
-				t.Fatalf("Reconcile(after) again: %v", err)
+				// A second pass with the same state has nothing left to do.
+				f.ResetOps()
+				if err := r.Reconcile(cloneAll(tt.after)); err != nil {
+					t.Fatalf("%s: Reconcile(after) again: %v", m, err)
+				}
+				if ops := f.Ops(); len(ops) != 0 {
+					t.Errorf("%s: second pass issued %d ops, want 0: %v", m, len(ops), shortOps(ops))
+				}
 			}
-			if ops := f.Ops(); len(ops) != 0 {
-				t.Errorf("second pass issued %d ops, want 0: %v", len(ops), shortOps(ops))
+			if diff := cmp.Diff(shortOps(flat(ops[batched])), shortOps(ops[unbatched])); diff != "" {
+				t.Errorf("unbatched ops are not the batched ones taken apart (-batched +unbatched):\n%s", diff)
 			}
-			golden(t, "sequences/"+tt.name, "ops:\n"+opsText(ops)+f.Dump())
+			if diff := cmp.Diff(dumps[batched], dumps[unbatched]); diff != "" {
+				t.Errorf("final datapath (-batched +unbatched):\n%s", diff)
+			}
+			golden(t, "sequences/"+tt.name, "ops:\n"+opsText(ops[batched])+dumps[batched])
 		})
 	}
 }
@@ -432,8 +447,27 @@ func TestFaultInjection(t *testing.T) {
 		svc("new", "10.0.0.6", 80, be("10.6.0.1:80"), be("10.6.0.2:80"), inState(be("10.6.0.3:80"), lb.Disabled)),
 	}
 
+	// With batches, old and moves lose their tables in one DeleteTables and
+	// the five other services get theirs in one SetTables, so failing the
+	// k-th op for every k also fails each batch as a whole and each of its
+	// entries.
+	dumps := map[mode]string{}
+	for _, m := range modes {
+		t.Run(m.String(), func(t *testing.T) {
+			dumps[m] = testFaultInjection(t, m, before, after)
+		})
+	}
+	if diff := cmp.Diff(dumps[batched], dumps[unbatched]); diff != "" {
+		t.Errorf("fault-free end state (-batched +unbatched):\n%s", diff)
+	}
+}
+
+// testFaultInjection fails each op of the pass from before to after in
+// turn and checks that the failed pass leaves a consistent datapath and
+// that a retry converges. It returns the fault-free end state.
+func testFaultInjection(t *testing.T, m mode, before, after []lb.Service) string {
 	// The fault-free run fixes the expected end state and the op count.
-	r, f := newFixture(t, testConfig())
+	r, f := newFixtureMode(t, testConfig(), m)
 	if err := r.Reconcile(cloneAll(before)); err != nil {
 		t.Fatal(err)
 	}
@@ -441,16 +475,32 @@ func TestFaultInjection(t *testing.T) {
 	if err := r.Reconcile(cloneAll(after)); err != nil {
 		t.Fatal(err)
 	}
-	total := len(f.Ops())
+	ops := f.Ops()
+	total, totalWrites := len(ops), writes(ops)
 	wantDump := f.Dump()
-	t.Logf("fault-free pass: %d ops", total)
-	if total < 20 {
-		t.Fatalf("scenario too small to be interesting: %d ops", total)
+	t.Logf("fault-free pass: %d ops, %d writes: %v", total, totalWrites, shape(ops))
+	if totalWrites < 20 {
+		t.Fatalf("scenario too small to be interesting: %d writes", totalWrites)
+	}
+	// The last phase is per service: api's entry, then its replaced
+	// backend, then the entries of moves, resize and new.
+	wantShape := map[mode][]string{
+		batched: {
+			"DeleteService*2", "DeleteTables(2 entries)", "DeleteBackend*3",
+			"SetBackend*8", "SetTables(5 entries)", "SetService", "DeleteBackend", "SetService*3",
+		},
+		unbatched: {
+			"DeleteService*2", "DeleteTable*2", "DeleteBackend*3",
+			"SetBackend*8", "SetTable*5", "SetService", "DeleteBackend", "SetService*3",
+		},
+	}[m]
+	if diff := cmp.Diff(wantShape, shape(ops)); diff != "" {
+		t.Errorf("phases of the fault-free pass (-want +got):\n%s", diff)
 	}
 
 	for k := 1; k <= total; k++ {
-		t.Run(fmt.Sprintf("fail op %d", k), func(t *testing.T) {
-			r, f := newFixture(t, testConfig())
+		t.Run(fmt.Sprintf("fail op %d %s", k, ops[k-1].Kind), func(t *testing.T) {
+			r, f := newFixtureMode(t, testConfig(), m)
 			if err := r.Reconcile(cloneAll(before)); err != nil {
 				t.Fatal(err)
 			}
@@ -484,14 +534,17 @@ func TestFaultInjection(t *testing.T) {
 			if diff := cmp.Diff(wantDump, f.Dump()); diff != "" {
 				t.Errorf("retry did not converge to the fault-free state (-want +got):\n%s", diff)
 			}
-			// The retry issues exactly what the failed pass left undone.
-			if got := first + len(f.Ops()); got != total {
-				t.Errorf("failed pass applied %d ops and the retry %d (%v): sum %d, want %d", first, len(f.Ops()), shortOps(f.Ops()), got, total)
+			// The retry writes exactly what the failed pass left undone
+			// (batches may be cut differently, so ops opening one are
+			// not counted).
+			if got := first + writes(f.Ops()); got != totalWrites {
+				t.Errorf("failed pass applied %d writes and the retry %d (%v): sum %d, want %d", first, writes(f.Ops()), shortOps(f.Ops()), got, totalWrites)
 			}
 			checkView(t, r, f)
 			checkTables(t, after, r, f)
 		})
 	}
+	return wantDump
 }
 
 func TestOpErrorNamesServiceOpAndBackend(t *testing.T) {

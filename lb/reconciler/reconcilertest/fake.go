@@ -6,6 +6,10 @@
 // backends by id, Maglev tables by service id), records every operation,
 // injects failures, checks the rules a half-programmed datapath would break,
 // and prints its maps as a stable text dump for golden files.
+//
+// Like the BPF datapath, the Fake batches table swaps (it implements
+// reconciler.TableBatcher); Unbatched hides that, so tests can drive both
+// of the reconciler's paths.
 package reconcilertest
 
 import (
@@ -21,6 +25,11 @@ import (
 	"github.com/l4lb/l4lb/lb/reconciler"
 )
 
+var (
+	_ reconciler.Datapath     = (*Fake)(nil)
+	_ reconciler.TableBatcher = (*Fake)(nil)
+)
+
 type entry struct {
 	id  reconciler.ServiceID
 	svc lb.Service
@@ -30,6 +39,13 @@ type entry struct {
 // rejects ids it has no slot for and deletions of missing entries, and a
 // failed operation changes nothing. The zero value is not usable; call
 // NewFake. All methods are safe for concurrent use.
+//
+// A batch (SetTables, DeleteTables) is recorded as one op that opens it
+// (OpSetTables, OpDeleteTables) followed by one op per entry, and applied
+// entry by entry as the kernel applies one. Every recorded op counts for
+// FailNth and is shown to FailOn: failing the opening op fails the whole
+// batch (every entry returns that error and none is recorded or applied);
+// failing an entry fails that entry alone.
 type Fake struct {
 	mu       sync.Mutex
 	services map[lb.Frontend]entry
@@ -84,7 +100,9 @@ func (f *Fake) FailNth(n int, err error) {
 // CheckEachOp makes the fake run CheckInvariants after every successful
 // operation and remember what it finds; CheckInvariants then reports those
 // past violations too. It catches orderings that break the rules only
-// between two operations of one pass.
+// between two operations of one pass. In a batch it checks after every
+// entry, since a packet may arrive between two entries; the state after
+// the batch is the state after its last entry.
 func (f *Fake) CheckEachOp(on bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -126,6 +144,10 @@ func (f *Fake) ResetOps() {
 func (f *Fake) do(op Op, apply func() error) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	return f.doLocked(op, apply)
+}
+
+func (f *Fake) doLocked(op Op, apply func() error) error {
 	var err error
 	if f.failNth > 0 {
 		f.failNth--
@@ -144,7 +166,7 @@ func (f *Fake) do(op Op, apply func() error) error {
 	}
 	op.Err = err
 	f.ops = append(f.ops, op)
-	if err == nil && f.checkEach {
+	if err == nil && f.checkEach && !op.IsBatch() {
 		if v := f.check(); v != nil {
 			f.violations = append(f.violations, fmt.Errorf("after op %d %s: %w", len(f.ops), op, v))
 		}
@@ -191,11 +213,19 @@ func (f *Fake) DeleteBackend(id reconciler.BackendID) error {
 
 // SetTable implements reconciler.Datapath.
 func (f *Fake) SetTable(svc reconciler.ServiceID, table []reconciler.BackendID) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.setTable(svc, table, 0)
+}
+
+// setTable records and applies one table swap; batch is its position in
+// a batch, or 0.
+func (f *Fake) setTable(svc reconciler.ServiceID, table []reconciler.BackendID, batch int) error {
 	t := slices.Clone(table)
 	if t == nil {
 		t = []reconciler.BackendID{}
 	}
-	return f.do(Op{Kind: OpSetTable, Service: svc, Table: t}, func() error {
+	return f.doLocked(Op{Kind: OpSetTable, Service: svc, Table: t, Batch: batch}, func() error {
 		if err := f.serviceID(svc); err != nil {
 			return err
 		}
@@ -206,7 +236,13 @@ func (f *Fake) SetTable(svc reconciler.ServiceID, table []reconciler.BackendID) 
 
 // DeleteTable implements reconciler.Datapath.
 func (f *Fake) DeleteTable(svc reconciler.ServiceID) error {
-	return f.do(Op{Kind: OpDeleteTable, Service: svc}, func() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.deleteTable(svc, 0)
+}
+
+func (f *Fake) deleteTable(svc reconciler.ServiceID, batch int) error {
+	return f.doLocked(Op{Kind: OpDeleteTable, Service: svc, Batch: batch}, func() error {
 		if _, ok := f.tables[svc]; !ok {
 			return fmt.Errorf("table of service id %d: no such entry", svc)
 		}
@@ -214,6 +250,60 @@ func (f *Fake) DeleteTable(svc reconciler.ServiceID) error {
 		return nil
 	})
 }
+
+// SetTables implements reconciler.TableBatcher.
+func (f *Fake) SetTables(svcs []reconciler.ServiceID, tables [][]reconciler.BackendID) []error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.batch(OpSetTables, svcs, func() error {
+		if len(tables) != len(svcs) {
+			return fmt.Errorf("SetTables: %d service ids for %d tables", len(svcs), len(tables))
+		}
+		return nil
+	}, func(i int) error { return f.setTable(svcs[i], tables[i], i+1) })
+}
+
+// DeleteTables implements reconciler.TableBatcher.
+func (f *Fake) DeleteTables(svcs []reconciler.ServiceID) []error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.batch(OpDeleteTables, svcs, func() error { return nil }, func(i int) error { return f.deleteTable(svcs[i], i+1) })
+}
+
+// batch records the op opening a batch of svcs, then runs entry for each of
+// them unless the whole batch failed. check refuses malformed batches.
+func (f *Fake) batch(kind OpKind, svcs []reconciler.ServiceID, check func() error, entry func(i int) error) []error {
+	errs := make([]error, len(svcs))
+	err := f.doLocked(Op{Kind: kind, Batch: len(svcs)}, func() error {
+		if err := check(); err != nil {
+			return err
+		}
+		seen := make(map[reconciler.ServiceID]bool, len(svcs))
+		for _, id := range svcs {
+			if seen[id] {
+				return fmt.Errorf("%s: service id %d appears twice in one batch", kind, id)
+			}
+			seen[id] = true
+		}
+		return nil
+	})
+	for i := range errs {
+		if err != nil {
+			errs[i] = err
+		} else {
+			errs[i] = entry(i)
+		}
+	}
+	return errs
+}
+
+// Unbatched returns dp without its reconciler.TableBatcher methods, if it
+// has any: a reconciler driving the result swaps tables one by one.
+func Unbatched(dp reconciler.Datapath) reconciler.Datapath { return unbatched{dp} }
+
+// unbatched embeds the interface, not the concrete type, so that only the
+// reconciler.Datapath methods are promoted.
+type unbatched struct{ reconciler.Datapath }
 
 // SetService implements reconciler.Datapath. It keeps only the fields
 // reconciler.Entry keeps, as the BPF entry would.
