@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/netip"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -166,9 +167,75 @@ func serviceCmd(g *globals) *cobra.Command {
 			tw = tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "BACKEND\tSTATE\tWEIGHT\tSLOTS\tPACKETS\tBYTES\tNEW FLOWS")
 			for _, b := range s.Backends {
-				fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\n", b.Address, b.State, b.Weight, b.Slots, b.Counters.Packets, b.Counters.Bytes, b.Counters.NewFlows)
+				state := b.State
+				if b.Override {
+					state += " (override; configured " + b.ConfigState + ")"
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\n", b.Address, state, b.Weight, b.Slots, b.Counters.Packets, b.Counters.Bytes, b.Counters.NewFlows)
 			}
 			return tw.Flush()
+		},
+	})
+	return cmd
+}
+
+func backendCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "backend",
+		Short: "override a backend's state at runtime (shown as an override; cleared when the backend leaves its service)",
+	}
+	for _, a := range []struct {
+		action api.BackendAction
+		short  string
+	}{
+		{api.ActionDrain, "no new flows; established flows continue"},
+		{api.ActionEnable, "force the backend active"},
+		{api.ActionDisable, "no traffic at all; its flows move to other backends"},
+		{api.ActionClear, "drop the override: back to the configured state"},
+	} {
+		cmd.AddCommand(&cobra.Command{
+			Use:   string(a.action) + " SERVICE ADDRESS:PORT",
+			Short: a.short,
+			Args:  cobra.ExactArgs(2),
+			RunE: func(cmd *cobra.Command, args []string) error {
+				be, err := netip.ParseAddrPort(args[1])
+				if err != nil {
+					return fmt.Errorf("backend %q: want ip:port (IPv6 as [addr]:port)", args[1])
+				}
+				if err := api.NewClient(g.socket).Backend(cmd.Context(), args[0], be, a.action); err != nil {
+					return err
+				}
+				if g.output == "json" {
+					return writeJSON(cmd.OutOrStdout(), map[string]string{"service": args[0], "backend": be.String(), "action": string(a.action)})
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "%s %s: %s\n", args[0], be, a.action)
+				return nil
+			},
+		})
+	}
+	return cmd
+}
+
+func conntrackCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{Use: "conntrack", Short: "inspect the connection table"}
+	cmd.AddCommand(&cobra.Command{
+		Use:   "stats",
+		Short: "entries, capacity and insert failures of the connection table",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ct, err := api.NewClient(g.socket).Conntrack(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if g.output == "json" {
+				return writeJSON(cmd.OutOrStdout(), ct)
+			}
+			fill := 0.0
+			if ct.Capacity > 0 {
+				fill = 100 * float64(ct.Entries) / float64(ct.Capacity)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "entries %d of %d (%.1f%%), insert failures %d\n", ct.Entries, ct.Capacity, fill, ct.InsertFailures)
+			return nil
 		},
 	})
 	return cmd

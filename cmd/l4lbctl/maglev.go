@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/l4lb/l4lb/lb"
+	"github.com/l4lb/l4lb/lb/api"
 	"github.com/l4lb/l4lb/lb/maglev"
 )
 
@@ -33,8 +34,9 @@ type lookupJSON struct {
 }
 
 type maglevArgs struct {
-	seed string
-	size uint32
+	seed    string
+	size    uint32
+	service string
 }
 
 func maglevCmd(g *globals) *cobra.Command {
@@ -47,9 +49,25 @@ func maglevCmd(g *globals) *cobra.Command {
 }
 
 func (a *maglevArgs) flags(cmd *cobra.Command) {
-	cmd.Flags().StringVar(&a.seed, "seed", "", "maglev.hash_seed (32 hex digits)")
-	cmd.Flags().Uint32Var(&a.size, "size", 16381, "table size (a prime)")
-	_ = cmd.MarkFlagRequired("seed")
+	cmd.Flags().StringVar(&a.seed, "seed", "", "maglev.hash_seed (32 hex digits), to compute offline")
+	cmd.Flags().Uint32Var(&a.size, "size", 16381, "table size (a prime), to compute offline")
+	cmd.Flags().StringVar(&a.service, "service", "", "ask the running l4lbd about this service's live table instead")
+	cmd.MarkFlagsMutuallyExclusive("seed", "service")
+	cmd.MarkFlagsOneRequired("seed", "service")
+}
+
+// live is true when the command asks the daemon rather than computing.
+func (a *maglevArgs) live(args []string) (bool, error) {
+	if a.service == "" {
+		if len(args) == 0 {
+			return false, fmt.Errorf("give the backends (ip:port[@weight]) to compute a table offline, or --service NAME")
+		}
+		return false, nil
+	}
+	if len(args) > 0 {
+		return true, fmt.Errorf("--service reads the live table: do not list backends")
+	}
+	return true, nil
 }
 
 // build parses the arguments and builds the table over the backends in
@@ -96,10 +114,21 @@ func parseBackend(s string) (maglev.Backend, error) {
 func maglevTableCmd(g *globals) *cobra.Command {
 	var a maglevArgs
 	cmd := &cobra.Command{
-		Use:   "table --seed HEX --size M BACKEND...",
-		Short: "print the Maglev table l4lbd builds for these backends (BACKEND = ip:port[@weight])",
-		Args:  cobra.MinimumNArgs(1),
+		Use:   "table (--seed HEX --size M BACKEND... | --service NAME)",
+		Short: "print the Maglev table l4lbd builds for these backends (BACKEND = ip:port[@weight]), or a service's live one",
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if live, err := a.live(args); err != nil {
+				return err
+			} else if live {
+				t, err := api.NewClient(g.socket).Maglev(cmd.Context(), a.service)
+				if err != nil {
+					return err
+				}
+				if g.output == "json" {
+					return writeJSON(cmd.OutOrStdout(), tableJSON(t))
+				}
+				return printLiveTable(cmd.OutOrStdout(), a.service, t)
+			}
 			seed, bs, table, err := a.build(args)
 			if err != nil {
 				return err
@@ -152,6 +181,20 @@ func printTable(out io.Writer, seed maglev.Seed, m uint32, bs []maglev.Backend, 
 	return nil
 }
 
+func printLiveTable(out io.Writer, service string, t api.MaglevTable) error {
+	counts := make([]int, len(t.Backends))
+	for _, i := range t.Table {
+		counts[i]++
+	}
+	fmt.Fprintf(out, "service %s: size %d, %d backends in the table\n\n", service, t.Size, len(t.Backends))
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "INDEX\tBACKEND\tSLOTS\tSHARE")
+	for i, b := range t.Backends {
+		fmt.Fprintf(tw, "%d\t%s\t%d\t%.2f%%\n", i, b, counts[i], 100*float64(counts[i])/float64(max(t.Size, 1)))
+	}
+	return tw.Flush()
+}
+
 func maglevLookupCmd(g *globals) *cobra.Command {
 	var (
 		a                  maglevArgs
@@ -159,10 +202,31 @@ func maglevLookupCmd(g *globals) *cobra.Command {
 		sport, dport       uint16
 	)
 	cmd := &cobra.Command{
-		Use:   "lookup --seed HEX --size M --src IP --dst VIP --sport P --dport P [--proto tcp|udp] BACKEND...",
-		Short: "print the backend a flow gets (BACKEND = ip:port[@weight])",
-		Args:  cobra.MinimumNArgs(1),
+		Use:   "lookup (--seed HEX --size M --dst VIP --dport P [--proto tcp|udp] BACKEND... | --service NAME) --src IP --sport P",
+		Short: "print the backend a flow gets (BACKEND = ip:port[@weight]), offline or from a service's live state",
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if live, err := a.live(args); err != nil {
+				return err
+			} else if live {
+				s, err := netip.ParseAddr(src)
+				if err != nil {
+					return fmt.Errorf("--src: %w", err)
+				}
+				l, err := api.NewClient(g.socket).Lookup(cmd.Context(), a.service, netip.AddrPortFrom(s, sport))
+				if err != nil {
+					return err
+				}
+				if g.output == "json" {
+					return writeJSON(cmd.OutOrStdout(), l)
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "%s\n  flow %s to service %s: hash %s, slot %d\n", l.Backend, netip.AddrPortFrom(s, sport), a.service, l.Hash, l.Slot)
+				if l.Conntrack != "" && l.Conntrack != l.Backend {
+					fmt.Fprintf(cmd.OutOrStdout(), "  the flow is established on %s (connection table), where its packets keep going\n", l.Conntrack)
+				} else if l.Conntrack != "" {
+					fmt.Fprintln(cmd.OutOrStdout(), "  the flow is in the connection table")
+				}
+				return nil
+			}
 			seed, bs, table, err := a.build(args)
 			if err != nil {
 				return err
@@ -170,6 +234,9 @@ func maglevLookupCmd(g *globals) *cobra.Command {
 			s, err := netip.ParseAddr(src)
 			if err != nil {
 				return fmt.Errorf("--src: %w", err)
+			}
+			if dst == "" || dport == 0 {
+				return fmt.Errorf("offline lookups need --dst and --dport (or use --service)")
 			}
 			d, err := netip.ParseAddr(dst)
 			if err != nil {
@@ -204,7 +271,7 @@ func maglevLookupCmd(g *globals) *cobra.Command {
 	cmd.Flags().Uint16Var(&sport, "sport", 0, "client port")
 	cmd.Flags().Uint16Var(&dport, "dport", 0, "VIP port")
 	cmd.Flags().StringVar(&protoArg, "proto", "tcp", "tcp or udp")
-	for _, f := range []string{"src", "dst", "sport", "dport"} {
+	for _, f := range []string{"src", "sport"} {
 		_ = cmd.MarkFlagRequired(f)
 	}
 	return cmd

@@ -79,11 +79,56 @@ type Service struct {
 
 // Backend is one backend of a service.
 type Backend struct {
-	Address  string   `json:"address"`
-	Weight   uint32   `json:"weight"`
-	State    string   `json:"state"`
+	Address string `json:"address"`
+	Weight  uint32 `json:"weight"`
+	// State is the state in force: the configured one, or a runtime
+	// override when Override is set.
+	State string `json:"state"`
+	// ConfigState is what the service's source says.
+	ConfigState string `json:"config_state"`
+	// Override is true when `l4lbctl backend drain|enable|disable` set State.
+	Override bool     `json:"override"`
 	Slots    int      `json:"slots"`
 	Counters Counters `json:"counters"`
+}
+
+// BackendAction is a runtime override: POST
+// /v1/services/NAME/backends/ADDR:PORT/ACTION.
+type BackendAction string
+
+// Backend actions. Clear removes the override.
+const (
+	ActionDrain   BackendAction = "drain"
+	ActionEnable  BackendAction = "enable"
+	ActionDisable BackendAction = "disable"
+	ActionClear   BackendAction = "clear"
+)
+
+// Conntrack is the connection table's occupancy (GET /v1/conntrack).
+type Conntrack struct {
+	Entries  int    `json:"entries"`
+	Capacity uint32 `json:"capacity"`
+	// InsertFailures counts flows the datapath could not record.
+	InsertFailures uint64 `json:"insert_failures"`
+}
+
+// MaglevTable is a service's live Maglev table (GET
+// /v1/services/NAME/maglev), in the shape of `l4lbctl maglev table -o json`.
+type MaglevTable struct {
+	Size     uint32   `json:"size"`
+	Backends []string `json:"backends"`
+	Table    []int32  `json:"table"`
+}
+
+// Lookup is where a flow goes (GET /v1/services/NAME/lookup?src=&sport=).
+type Lookup struct {
+	Backend string `json:"backend"`
+	Index   int32  `json:"index"`
+	Slot    uint32 `json:"slot"`
+	Hash    string `json:"hash"`
+	// Conntrack is set when the flow is in the connection table: the
+	// datapath follows it rather than the table.
+	Conntrack string `json:"conntrack,omitempty"`
 }
 
 // Error is the body of every non-2xx answer.

@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"os"
 	"time"
@@ -37,7 +38,11 @@ func NewClient(path string) *Client {
 }
 
 func (c *Client) get(ctx context.Context, path string, out any) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://l4lbd"+Version+path, nil)
+	return c.do(ctx, http.MethodGet, path, out)
+}
+
+func (c *Client) do(ctx context.Context, method, path string, out any) error {
+	req, err := http.NewRequestWithContext(ctx, method, "http://l4lbd"+Version+path, nil)
 	if err != nil {
 		return err
 	}
@@ -82,4 +87,28 @@ func (c *Client) Services(ctx context.Context) ([]Service, error) {
 func (c *Client) Service(ctx context.Context, name string) (Service, error) {
 	var s Service
 	return s, c.get(ctx, "/services/"+url.PathEscape(name), &s)
+}
+
+// Conntrack returns the connection table's occupancy.
+func (c *Client) Conntrack(ctx context.Context) (Conntrack, error) {
+	var ct Conntrack
+	return ct, c.get(ctx, "/conntrack", &ct)
+}
+
+// Maglev returns a service's live Maglev table.
+func (c *Client) Maglev(ctx context.Context, service string) (MaglevTable, error) {
+	var t MaglevTable
+	return t, c.get(ctx, "/services/"+url.PathEscape(service)+"/maglev", &t)
+}
+
+// Lookup asks where a client's flow to a service goes.
+func (c *Client) Lookup(ctx context.Context, service string, client netip.AddrPort) (Lookup, error) {
+	var l Lookup
+	return l, c.get(ctx, "/services/"+url.PathEscape(service)+"/lookup?client="+url.QueryEscape(client.String()), &l)
+}
+
+// Backend applies a runtime override to a backend of a service.
+func (c *Client) Backend(ctx context.Context, service string, backend netip.AddrPort, action BackendAction) error {
+	var out struct{}
+	return c.do(ctx, http.MethodPost, "/services/"+url.PathEscape(service)+"/backends/"+url.PathEscape(backend.String())+"/"+string(action), &out)
 }

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"time"
@@ -19,7 +20,22 @@ import (
 type Provider interface {
 	Status() Status
 	Services() []Service
+	Conntrack() (Conntrack, error)
+	// Maglev returns the service's programmed table.
+	Maglev(service string) (MaglevTable, error)
+	// Lookup says where a client's flow to the service goes.
+	Lookup(service string, client netip.AddrPort) (Lookup, error)
+	// Backend applies a runtime override and returns once it is
+	// programmed.
+	Backend(ctx context.Context, service string, backend netip.AddrPort, action BackendAction) error
 }
+
+// ErrNotFound marks errors about a service or backend that does not exist;
+// the server answers them with 404.
+var ErrNotFound = errors.New("not found")
+
+// ErrInvalid marks errors about a malformed request (400).
+var ErrInvalid = errors.New("invalid request")
 
 // Server serves the admin API on a unix socket.
 type Server struct {
@@ -45,7 +61,55 @@ func NewServer(p Provider, log *slog.Logger) *Server {
 				return
 			}
 		}
-		writeJSON(w, http.StatusNotFound, Error{Error: fmt.Sprintf("no service %q", name)})
+		writeError(w, fmt.Errorf("no service %q: %w", name, ErrNotFound))
+	})
+	s.mux.HandleFunc("GET "+Version+"/services/{name}/maglev", func(w http.ResponseWriter, r *http.Request) {
+		t, err := s.p.Maglev(r.PathValue("name"))
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, t)
+	})
+	s.mux.HandleFunc("GET "+Version+"/services/{name}/lookup", func(w http.ResponseWriter, r *http.Request) {
+		client, err := netip.ParseAddrPort(r.URL.Query().Get("client"))
+		if err != nil {
+			writeError(w, fmt.Errorf("client must be ip:port: %v: %w", err, ErrInvalid))
+			return
+		}
+		l, err := s.p.Lookup(r.PathValue("name"), client)
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, l)
+	})
+	s.mux.HandleFunc("POST "+Version+"/services/{name}/backends/{backend}/{action}", func(w http.ResponseWriter, r *http.Request) {
+		be, err := netip.ParseAddrPort(r.PathValue("backend"))
+		if err != nil {
+			writeError(w, fmt.Errorf("backend must be ip:port: %v: %w", err, ErrInvalid))
+			return
+		}
+		action := BackendAction(r.PathValue("action"))
+		switch action {
+		case ActionDrain, ActionEnable, ActionDisable, ActionClear:
+		default:
+			writeError(w, fmt.Errorf("unknown action %q (want drain, enable, disable or clear): %w", action, ErrInvalid))
+			return
+		}
+		if err := s.p.Backend(r.Context(), r.PathValue("name"), be, action); err != nil {
+			writeError(w, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, struct{}{})
+	})
+	s.mux.HandleFunc("GET "+Version+"/conntrack", func(w http.ResponseWriter, _ *http.Request) {
+		c, err := s.p.Conntrack()
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, c)
 	})
 	return s
 }
@@ -92,6 +156,17 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 		return nil
 	}
 	return err
+}
+
+func writeError(w http.ResponseWriter, err error) {
+	code := http.StatusInternalServerError
+	switch {
+	case errors.Is(err, ErrNotFound):
+		code = http.StatusNotFound
+	case errors.Is(err, ErrInvalid):
+		code = http.StatusBadRequest
+	}
+	writeJSON(w, code, Error{Error: err.Error()})
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {

@@ -53,8 +53,10 @@ type Daemon struct {
 	rec    *reconciler.Reconciler
 	merger *discovery.Merger
 	file   *file.Source
-	snaps  chan discovery.Snapshot
-	reload chan chan error
+	snaps     chan discovery.Snapshot
+	reload    chan chan error
+	requests  chan request
+	overrides *overrides
 
 	view atomic.Pointer[view]
 
@@ -64,7 +66,9 @@ type Daemon struct {
 
 // view is what the API reads: replaced as a whole after every change.
 type view struct {
-	services  []lb.Service // desired, defaults resolved
+	services  []lb.Service // desired, defaults resolved, overrides applied
+	// configStates are the sources' states of overridden backends.
+	configStates map[overrideKey]lb.BackendState
 	conflicts []string
 	rejected  []string
 	recErr    string
@@ -91,9 +95,15 @@ func New(opts Options) (*Daemon, error) {
 		cfg:     cfg,
 		merger:  discovery.NewMerger(),
 		file:    file.New(opts.ConfigPath),
-		snaps:   make(chan discovery.Snapshot, 16),
-		reload:  make(chan chan error),
+		snaps:    make(chan discovery.Snapshot, 16),
+		reload:   make(chan chan error),
+		requests: make(chan request),
 	}
+	ov, err := loadOverrides(cfg.Daemon.AdminSocket)
+	if err != nil {
+		d.log.Warn("backend overrides not restored", "error", err)
+	}
+	d.overrides = ov
 	d.lastReload = api.Reload{Time: time.Now(), OK: true, Count: 0}
 	d.view.Store(&view{cfg: cfg})
 	return d, nil
@@ -239,6 +249,15 @@ func (d *Daemon) loop(ctx context.Context) error {
 			return nil
 		case snap := <-d.snaps:
 			d.merger.Update(snap)
+		case req := <-d.requests:
+			err := req.f()
+			aerr := d.apply()
+			req.done <- err
+			if aerr != nil {
+				retry.Reset(backoff)
+				backoff = min(backoff*2, 30*time.Second)
+			}
+			continue
 		case done := <-d.reload:
 			// Answer only once the new state is programmed, so that
 			// whoever asked for the reload sees its effect.
@@ -340,13 +359,27 @@ func (d *Daemon) apply() error {
 		desired  []lb.Service
 		rejected []string
 	)
+	seen := map[overrideKey]bool{}
+	configStates := map[overrideKey]lb.BackendState{}
 	for _, svc := range merged {
 		svc = normalize(svc.WithDefaults(defs))
+		for _, b := range svc.Backends {
+			k := overrideKey{Service: svc.Name, Backend: b.Addr}
+			if _, ok := d.overrides.m[k]; ok {
+				configStates[k] = b.State
+			}
+		}
+		svc = d.overrides.apply(svc, seen)
 		if err := datapath.Supported(svc); err != nil {
 			rejected = append(rejected, fmt.Sprintf("service %q (%s): %v", svc.Name, svc.Source, err))
 			continue
 		}
 		desired = append(desired, svc)
+	}
+	if d.overrides.prune(seen) {
+		if err := d.overrides.save(); err != nil {
+			d.log.Error("backend overrides", "error", err)
+		}
 	}
 	for _, c := range conflicts {
 		d.log.Warn("service conflict", "conflict", c.String())
@@ -358,7 +391,7 @@ func (d *Daemon) apply() error {
 	if err != nil {
 		d.log.Error("reconcile failed; retrying", "error", err)
 	}
-	v := &view{services: desired, rejected: rejected, state: d.rec.Programmed(), cfg: d.cfg}
+	v := &view{services: desired, configStates: configStates, rejected: rejected, state: d.rec.Programmed(), cfg: d.cfg}
 	for _, c := range conflicts {
 		v.conflicts = append(v.conflicts, c.String())
 	}

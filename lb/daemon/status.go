@@ -3,6 +3,8 @@
 package daemon
 
 import (
+	"errors"
+	"fmt"
 	"net/netip"
 	"os"
 
@@ -84,7 +86,11 @@ func (d *Daemon) Services() []api.Service {
 			slots[id]++
 		}
 		for _, b := range svc.Backends {
-			ab := api.Backend{Address: b.Addr.String(), Weight: b.Weight, State: b.State.String()}
+			ab := api.Backend{Address: b.Addr.String(), Weight: b.Weight, State: b.State.String(), ConfigState: b.State.String()}
+			if cs, ok := v.configStates[overrideKey{Service: svc.Name, Backend: b.Addr}]; ok {
+				ab.Override = true
+				ab.ConfigState = cs.String()
+			}
 			if id, ok := ids[b.Addr]; ok {
 				ab.Slots = slots[id]
 				if d.dp != nil {
@@ -109,4 +115,105 @@ func eligible(svc lb.Service) []maglev.Backend {
 		}
 	}
 	return out
+}
+
+// Conntrack implements api.Provider.
+func (d *Daemon) Conntrack() (api.Conntrack, error) {
+	if d.dp == nil {
+		return api.Conntrack{}, errors.New("datapath not loaded")
+	}
+	n, err := d.dp.ConntrackEntries()
+	if err != nil {
+		return api.Conntrack{}, err
+	}
+	ct := api.Conntrack{Entries: n, Capacity: d.dp.ConntrackCapacity()}
+	if reasons, err := d.dp.Reasons(); err == nil {
+		ct.InsertFailures = reasons["event_ct_insert_failed"].Packets
+	}
+	return ct, nil
+}
+
+// programmed returns the desired service named name and what is programmed
+// for it.
+func (d *Daemon) programmed(name string) (lb.Service, reconciler.ServiceState, *view, error) {
+	v := d.view.Load()
+	for _, svc := range v.services {
+		if svc.Name != name {
+			continue
+		}
+		for _, st := range v.state.Services {
+			if st.Service.Frontend == svc.Frontend && st.HasTable {
+				return svc, st, v, nil
+			}
+		}
+		return svc, reconciler.ServiceState{}, v, fmt.Errorf("service %q is not programmed (yet): see l4lbctl status", name)
+	}
+	return lb.Service{}, reconciler.ServiceState{}, v, fmt.Errorf("no service %q: %w", name, api.ErrNotFound)
+}
+
+// liveTable turns a programmed table of backend ids into the shape of
+// `l4lbctl maglev table`: backends in canonical order, slots as indexes.
+func liveTable(st reconciler.ServiceState) api.MaglevTable {
+	addrs := map[reconciler.BackendID]netip.AddrPort{}
+	for _, b := range st.Backends {
+		addrs[b.ID] = b.Addr
+	}
+	var bs []maglev.Backend
+	seen := map[reconciler.BackendID]bool{}
+	for _, id := range st.Table {
+		if !seen[id] {
+			seen[id] = true
+			bs = append(bs, maglev.Backend{Addr: addrs[id]})
+		}
+	}
+	maglev.SortBackends(bs)
+	index := map[netip.AddrPort]int32{}
+	t := api.MaglevTable{Size: uint32(len(st.Table)), Backends: []string{}, Table: make([]int32, len(st.Table))}
+	for i, b := range bs {
+		index[b.Addr] = int32(i)
+		t.Backends = append(t.Backends, b.Addr.String())
+	}
+	for i, id := range st.Table {
+		t.Table[i] = index[addrs[id]]
+	}
+	return t
+}
+
+// Maglev implements api.Provider.
+func (d *Daemon) Maglev(service string) (api.MaglevTable, error) {
+	_, st, _, err := d.programmed(service)
+	if err != nil {
+		return api.MaglevTable{}, err
+	}
+	return liveTable(st), nil
+}
+
+// Lookup implements api.Provider: the backend the live table picks for
+// the flow, and the connection table's entry when the flow has one.
+func (d *Daemon) Lookup(service string, client netip.AddrPort) (api.Lookup, error) {
+	svc, st, v, err := d.programmed(service)
+	if err != nil {
+		return api.Lookup{}, err
+	}
+	if client.Addr().Unmap().Is4() != svc.Frontend.Addr.Is4() {
+		return api.Lookup{}, fmt.Errorf("client %s and VIP %s are of different address families: %w", client, svc.Frontend.Addr, api.ErrInvalid)
+	}
+	t := liveTable(st)
+	if len(t.Table) == 0 {
+		return api.Lookup{}, fmt.Errorf("service %q has no eligible backend: new flows are dropped", service)
+	}
+	f := maglev.Flow{Src: client.Addr().Unmap(), Dst: svc.Frontend.Addr, SrcPort: client.Port(), DstPort: svc.Frontend.Port, Proto: uint8(svc.Frontend.Proto)}
+	h := maglev.FlowHash(v.cfg.Maglev.Seed, f)
+	slot := maglev.Slot(h, t.Size)
+	l := api.Lookup{Backend: t.Backends[t.Table[slot]], Index: t.Table[slot], Slot: slot, Hash: fmt.Sprintf("%016x", h)}
+	if d.dp != nil {
+		if id, sid, ok := d.dp.ConntrackLookup(netip.AddrPortFrom(client.Addr().Unmap(), client.Port()), svc.Frontend); ok && sid == st.ID {
+			for _, b := range st.Backends {
+				if b.ID == id {
+					l.Conntrack = b.Addr.String()
+				}
+			}
+		}
+	}
+	return l, nil
 }

@@ -5,10 +5,12 @@ package datapath
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 
 	"github.com/cilium/ebpf"
 
 	"github.com/l4lb/l4lb/bpf"
+	"github.com/l4lb/l4lb/lb"
 	"github.com/l4lb/l4lb/lb/reconciler"
 )
 
@@ -90,3 +92,20 @@ func (d *LB) ConntrackEntries() (int, error) {
 
 // ConntrackCapacity is the connection table's size.
 func (d *LB) ConntrackCapacity() uint32 { return d.cfg.ConntrackMax }
+
+// ConntrackLookup returns the backend id the connection table holds for a
+// client's flow to a service, if any.
+func (d *LB) ConntrackLookup(client netip.AddrPort, fe lb.Frontend) (reconciler.BackendID, reconciler.ServiceID, bool) {
+	k := bpf.LbFlowKey{
+		Src:   client.Addr().As16(),
+		Dst:   fe.Addr.As16(),
+		Sport: htons(client.Port()),
+		Dport: htons(fe.Port),
+		Proto: uint8(fe.Proto),
+	}
+	var v bpf.LbCtValue
+	if err := d.conntrack.Lookup(&k, &v); err != nil {
+		return 0, 0, false
+	}
+	return reconciler.BackendID(v.BackendId), reconciler.ServiceID(v.SvcId), true
+}

@@ -1,0 +1,174 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package daemon
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+
+	"github.com/l4lb/l4lb/lb"
+	"github.com/l4lb/l4lb/lb/api"
+)
+
+// overrideKey names one backend of one service.
+type overrideKey struct {
+	Service string         `json:"service"`
+	Backend netip.AddrPort `json:"backend"`
+}
+
+// override is a runtime state set through the API (`l4lbctl backend
+// drain|enable|disable`). It wins over the source's state until cleared or
+// until the backend leaves the service.
+type override struct {
+	overrideKey
+	State lb.BackendState `json:"state"`
+	Since time.Time       `json:"since"`
+}
+
+// overrides are kept in a file next to the admin socket (under /run, which
+// systemd keeps across restarts of the service with
+// RuntimeDirectoryPreserve): a restarted l4lbd keeps them, a reboot clears
+// them, as befits a runtime override.
+type overrides struct {
+	path string
+	m    map[overrideKey]override
+}
+
+func loadOverrides(socket string) (*overrides, error) {
+	o := &overrides{path: filepath.Join(filepath.Dir(socket), "overrides.json"), m: map[overrideKey]override{}}
+	b, err := os.ReadFile(o.path)
+	if errors.Is(err, os.ErrNotExist) {
+		return o, nil
+	}
+	if err != nil {
+		return o, fmt.Errorf("read backend overrides %s: %w", o.path, err)
+	}
+	var list []override
+	if err := json.Unmarshal(b, &list); err != nil {
+		return o, fmt.Errorf("backend overrides %s are corrupt (%v); starting without them", o.path, err)
+	}
+	for _, ov := range list {
+		o.m[ov.overrideKey] = ov
+	}
+	return o, nil
+}
+
+func (o *overrides) save() error {
+	list := make([]override, 0, len(o.m))
+	for _, ov := range o.m {
+		list = append(list, ov)
+	}
+	slices.SortFunc(list, func(a, b override) int {
+		if a.Service != b.Service {
+			if a.Service < b.Service {
+				return -1
+			}
+			return 1
+		}
+		return a.Backend.Compare(b.Backend)
+	})
+	b, err := json.MarshalIndent(list, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp := o.path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return fmt.Errorf("save backend overrides: %w", err)
+	}
+	if err := os.Rename(tmp, o.path); err != nil {
+		return fmt.Errorf("save backend overrides: %w", err)
+	}
+	return nil
+}
+
+// apply returns svc with its overrides in force, and drops overrides of
+// backends the service no longer has (reported by the returned bool).
+func (o *overrides) apply(svc lb.Service, seen map[overrideKey]bool) lb.Service {
+	for i, b := range svc.Backends {
+		k := overrideKey{Service: svc.Name, Backend: b.Addr}
+		if ov, ok := o.m[k]; ok {
+			seen[k] = true
+			svc.Backends[i].State = ov.State
+		}
+	}
+	return svc
+}
+
+// prune forgets overrides of backends that left their service.
+func (o *overrides) prune(seen map[overrideKey]bool) bool {
+	changed := false
+	for k := range o.m {
+		if !seen[k] {
+			delete(o.m, k)
+			changed = true
+		}
+	}
+	return changed
+}
+
+// Backend implements api.Provider: it runs on the control loop, so the
+// override is programmed when the call returns.
+func (d *Daemon) Backend(ctx context.Context, service string, backend netip.AddrPort, action api.BackendAction) error {
+	return d.do(ctx, func() error {
+		found := false
+		merged, _ := d.merger.Desired()
+		for _, svc := range merged {
+			if svc.Name != service {
+				continue
+			}
+			for _, b := range svc.Backends {
+				if b.Addr == backend {
+					found = true
+				}
+			}
+			if !found {
+				return fmt.Errorf("service %q has no backend %s: %w", service, backend, api.ErrNotFound)
+			}
+		}
+		if !found {
+			return fmt.Errorf("no service %q: %w", service, api.ErrNotFound)
+		}
+		k := overrideKey{Service: service, Backend: backend}
+		switch action {
+		case api.ActionClear:
+			delete(d.overrides.m, k)
+		case api.ActionDrain:
+			d.overrides.m[k] = override{overrideKey: k, State: lb.Draining, Since: time.Now()}
+		case api.ActionDisable:
+			d.overrides.m[k] = override{overrideKey: k, State: lb.Disabled, Since: time.Now()}
+		case api.ActionEnable:
+			d.overrides.m[k] = override{overrideKey: k, State: lb.Active, Since: time.Now()}
+		}
+		d.log.Info("backend override", "service", service, "backend", backend, "action", action)
+		return d.overrides.save()
+	})
+}
+
+// do runs f on the control loop, then reconciles, and returns f's error.
+func (d *Daemon) do(ctx context.Context, f func() error) error {
+	done := make(chan error, 1)
+	select {
+	case d.requests <- request{f: f, done: done}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// request is work for the control loop.
+type request struct {
+	f    func() error
+	done chan error
+}
