@@ -49,7 +49,15 @@ check-generate:
 		git --no-pager diff --stat -- bpf/ 2>/dev/null; exit 1; fi; \
 	echo "check-generate: BPF objects match their sources"
 
-test: check-generate build
+# The real Consul agent of the discovery/consul tests: v1.14.11, the last
+# MPL-2.0 release (later ones are BUSL; never bump it). It is built from the
+# tools module in tests/tools so that its dependencies stay out of go.mod;
+# the first build takes a few minutes, later ones come from the Go cache.
+CONSUL := $(BIN)/consul
+$(CONSUL): tests/tools/go.mod tests/tools/go.sum
+	cd tests/tools && $(GO) build -o $(abspath $(CONSUL)) github.com/hashicorp/consul
+
+test: check-generate build $(CONSUL)
 	$(GO) vet ./...
 	$(GO) test $(TESTFLAGS) ./...
 
@@ -71,6 +79,9 @@ install: build
 	@if [ -e $(DESTDIR)/etc/l4lb/l4lb.toml ]; then \
 		echo "keeping existing $(DESTDIR)/etc/l4lb/l4lb.toml"; \
 	else install -D -m 0640 etc/l4lb.toml $(DESTDIR)/etc/l4lb/l4lb.toml; fi
+	@if [ -e $(DESTDIR)/etc/default/l4lb-backend ]; then \
+		echo "keeping existing $(DESTDIR)/etc/default/l4lb-backend"; \
+	else install -D -m 0644 etc/default/l4lb-backend $(DESTDIR)/etc/default/l4lb-backend; fi
 
 uninstall:
 	rm -f $(DESTDIR)$(PREFIX)/sbin/l4lbd $(DESTDIR)$(PREFIX)/bin/l4lbctl \

@@ -21,8 +21,29 @@ const (
 	BackendL4lbBackendReasonL4LB_B_PASS_NOT_VIP   BackendL4lbBackendReason = 2
 	BackendL4lbBackendReasonL4LB_B_PASS_MALFORMED BackendL4lbBackendReason = 3
 	BackendL4lbBackendReasonL4LB_B_DROP_DECAP     BackendL4lbBackendReason = 4
-	BackendL4lbBackendReasonL4LB_B_MAX            BackendL4lbBackendReason = 5
+	BackendL4lbBackendReasonL4LB_B_DECAP_GENEVE   BackendL4lbBackendReason = 5
+	BackendL4lbBackendReasonL4LB_B_OPT_RECORD     BackendL4lbBackendReason = 6
+	BackendL4lbBackendReasonL4LB_B_OPT_REPLY      BackendL4lbBackendReason = 7
+	BackendL4lbBackendReasonL4LB_B_EGRESS_OTHER   BackendL4lbBackendReason = 8
+	BackendL4lbBackendReasonL4LB_B_DROP_REPLY     BackendL4lbBackendReason = 9
+	BackendL4lbBackendReasonL4LB_B_MAX            BackendL4lbBackendReason = 10
 )
+
+type BackendOptFlowKey struct {
+	_          structs.HostLayout
+	Client     [16]uint8
+	ClientPort uint16
+	LocalPort  uint16
+	Proto      uint8
+	Pad        [3]uint8
+}
+
+type BackendOptFlowValue struct {
+	_       structs.HostLayout
+	Vip     [16]uint8
+	VipPort uint16
+	Pad     [2]uint8
+}
 
 type BackendReasonStats struct {
 	_       structs.HostLayout
@@ -35,7 +56,9 @@ type BackendReasonStats struct {
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	BackendMapBackendReasons      = "backend_reasons"
+	BackendMapOptFlows            = "opt_flows"
 	BackendMapVips                = "vips"
+	BackendProgL4lbBackendEgress  = "l4lb_backend_egress"
 	BackendProgL4lbBackendIngress = "l4lb_backend_ingress"
 )
 
@@ -81,6 +104,7 @@ type BackendSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type BackendProgramSpecs struct {
+	L4lbBackendEgress  *ebpf.ProgramSpec `ebpf:"l4lb_backend_egress"`
 	L4lbBackendIngress *ebpf.ProgramSpec `ebpf:"l4lb_backend_ingress"`
 }
 
@@ -89,6 +113,7 @@ type BackendProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type BackendMapSpecs struct {
 	BackendReasons *ebpf.MapSpec `ebpf:"backend_reasons"`
+	OptFlows       *ebpf.MapSpec `ebpf:"opt_flows"`
 	Vips           *ebpf.MapSpec `ebpf:"vips"`
 }
 
@@ -119,12 +144,14 @@ func (o *BackendObjects) Close() error {
 // It can be passed to LoadBackendObjects or ebpf.CollectionSpec.LoadAndAssign.
 type BackendMaps struct {
 	BackendReasons *ebpf.Map `ebpf:"backend_reasons"`
+	OptFlows       *ebpf.Map `ebpf:"opt_flows"`
 	Vips           *ebpf.Map `ebpf:"vips"`
 }
 
 func (m *BackendMaps) Close() error {
 	return _BackendClose(
 		m.BackendReasons,
+		m.OptFlows,
 		m.Vips,
 	)
 }
@@ -139,11 +166,13 @@ type BackendVariables struct {
 //
 // It can be passed to LoadBackendObjects or ebpf.CollectionSpec.LoadAndAssign.
 type BackendPrograms struct {
+	L4lbBackendEgress  *ebpf.Program `ebpf:"l4lb_backend_egress"`
 	L4lbBackendIngress *ebpf.Program `ebpf:"l4lb_backend_ingress"`
 }
 
 func (p *BackendPrograms) Close() error {
 	return _BackendClose(
+		p.L4lbBackendEgress,
 		p.L4lbBackendIngress,
 	)
 }

@@ -18,8 +18,10 @@
 #include "include/encap.h"
 #include "include/forward.h"
 #include "include/hook.h"
+#include "include/ipopt.h"
 #include "include/maps.h"
 #include "include/parse.h"
+#include "include/snat.h"
 #include "include/stats.h"
 
 char __license[] SEC("license") = "Dual BSD/GPL";
@@ -41,20 +43,87 @@ static __always_inline __u32 segment_len(const struct hook *h, const struct pack
 	return (__u32)p->l3_len + overhead;
 }
 
+/*
+ * The one place a packet that the dispatch would make bigger than the egress
+ * MTU (mtu) ends up, before anything in it has changed; overhead is what the
+ * dispatch adds. The client is to learn the MTU left to it (mtu - overhead)
+ * from ICMP fragmentation-needed / packet-too-big generated here; until
+ * then the packet is dropped and counted.
+ */
+static __always_inline int frag_needed(const struct hook *h, const struct packet *p,
+				       __u32 mtu, __u32 overhead, int *reason)
+{
+	*reason = L4LB_R_DROP_FRAG_NEEDED;
+	return hook_drop(h);
+}
+
 /* DSR over IPIP: encapsulate to the backend, which replies from the VIP. */
 static __always_inline int dsr_ipip(const struct hook *h, const struct packet *p,
 				    const struct selection *sel, int *reason)
 {
 	struct route rt;
 	__u8 src[16];
-	__u32 hdr = p->family == 4 ? sizeof(struct iphdr) : sizeof(struct ipv6hdr);
+	__u32 hdr = ipip_overhead(p->family);
 	int r;
 
 	encap_source(p->family, sel->hash, src);
 	r = route_lookup(h, p->family, src, sel->be->addr, p->l3_len + hdr, segment_len(h, p, hdr), &rt);
+	if (r == L4LB_R_DROP_FRAG_NEEDED)
+		return frag_needed(h, p, rt.mtu, hdr, reason);
 	if (r >= 0)
 		goto drop;
 	r = encap_ipip(h, p, src, sel->be->addr, sel->hash);
+	if (r >= 0)
+		goto drop;
+	return transmit(h, &rt, reason);
+drop:
+	*reason = r;
+	return hook_drop(h);
+}
+
+/* DSR over Geneve: IPIP's path with UDP and the frontend-naming Geneve header
+ * between; the backend's companion decapsulates. */
+static __always_inline int dsr_geneve(const struct hook *h, const struct packet *p,
+				      const struct selection *sel, int *reason)
+{
+	struct route rt;
+	__u8 src[16];
+	__u32 hdr = geneve_overhead(p->family);
+	int r;
+
+	encap_source(p->family, sel->hash, src);
+	r = route_lookup(h, p->family, src, sel->be->addr, p->l3_len + hdr, segment_len(h, p, hdr), &rt);
+	if (r == L4LB_R_DROP_FRAG_NEEDED)
+		return frag_needed(h, p, rt.mtu, hdr, reason);
+	if (r >= 0)
+		goto drop;
+	r = encap_geneve(h, p, src, sel->be->addr, sel->hash);
+	if (r >= 0)
+		goto drop;
+	return transmit(h, &rt, reason);
+drop:
+	*reason = r;
+	return hook_drop(h);
+}
+
+/* DSR with an IP option: the destination becomes the backend (address and
+ * port); the SYN or datagram names the frontend in an option (ipopt.h). */
+static __always_inline int dsr_opt(const struct hook *h, const struct packet *p,
+				   const struct selection *sel, int *reason)
+{
+	struct route rt;
+	__u32 len = opt_len(p);
+	int r;
+
+	r = opt_room(h, p, len);
+	if (r >= 0)
+		goto drop;
+	r = route_lookup(h, p->family, p->key.src, sel->be->addr, p->l3_len + len, segment_len(h, p, len), &rt);
+	if (r == L4LB_R_DROP_FRAG_NEEDED)
+		return frag_needed(h, p, rt.mtu, len, reason);
+	if (r >= 0)
+		goto drop;
+	r = opt_rewrite(h, p, sel->be, len);
 	if (r >= 0)
 		goto drop;
 	return transmit(h, &rt, reason);
@@ -86,6 +155,9 @@ static __always_inline int lb_process(const struct hook *h)
 	sk.proto = p.key.proto;
 	svc = bpf_map_lookup_elem(&services, &sk);
 	if (!svc) {
+		/* Maybe a backend's reply to a SNAT flow. */
+		if (snat_is_ours(&p))
+			return snat_reply(h, &p, segment_len(h, &p, 0));
 		count_reason(L4LB_R_PASS_NOT_SERVICE, p.l3_len);
 		return hook_pass(h);
 	}
@@ -93,6 +165,12 @@ static __always_inline int lb_process(const struct hook *h)
 	 * device the tag is already gone. */
 	if (p.vlan) {
 		count_reason(L4LB_R_PASS_VLAN, p.l3_len);
+		return hook_pass(h);
+	}
+
+	/* SNAT makes the LB a router hop: the stack answers time-exceeded. */
+	if (svc->mode == L4LB_MODE_SNAT && snat_ttl_expired(h, &p)) {
+		count_reason(L4LB_R_PASS_TTL_EXCEEDED, p.l3_len);
 		return hook_pass(h);
 	}
 
@@ -104,7 +182,15 @@ static __always_inline int lb_process(const struct hook *h)
 
 	switch (svc->mode) {
 	case L4LB_MODE_DSR:
-		verdict = dsr_ipip(h, &p, &sel, &reason);
+		if (svc->dispatch == L4LB_DISPATCH_GENEVE)
+			verdict = dsr_geneve(h, &p, &sel, &reason);
+		else if (svc->dispatch == L4LB_DISPATCH_OPT)
+			verdict = dsr_opt(h, &p, &sel, &reason);
+		else
+			verdict = dsr_ipip(h, &p, &sel, &reason);
+		break;
+	case L4LB_MODE_SNAT:
+		verdict = snat_forward(h, &p, &sel, svc->id, segment_len(h, &p, 0), &reason);
 		break;
 	default:
 		/* The control plane never programs a mode this object lacks. */

@@ -67,20 +67,33 @@ const (
 type LbL4lbReason uint32
 
 const (
-	LbL4lbReasonL4LB_R_PASS_NOT_IP       LbL4lbReason = 0
-	LbL4lbReasonL4LB_R_PASS_NOT_SERVICE  LbL4lbReason = 1
-	LbL4lbReasonL4LB_R_PASS_MALFORMED_L3 LbL4lbReason = 2
-	LbL4lbReasonL4LB_R_PASS_MALFORMED_L4 LbL4lbReason = 3
-	LbL4lbReasonL4LB_R_PASS_FRAGMENT     LbL4lbReason = 4
-	LbL4lbReasonL4LB_R_PASS_EXT_CHAIN    LbL4lbReason = 5
-	LbL4lbReasonL4LB_R_PASS_VLAN         LbL4lbReason = 6
-	LbL4lbReasonL4LB_R_PASS_NO_NEIGH     LbL4lbReason = 7
-	LbL4lbReasonL4LB_R_DROP_NO_BACKEND   LbL4lbReason = 8
-	LbL4lbReasonL4LB_R_DROP_NO_ROUTE     LbL4lbReason = 9
-	LbL4lbReasonL4LB_R_DROP_FRAG_NEEDED  LbL4lbReason = 10
-	LbL4lbReasonL4LB_R_DROP_ENCAP        LbL4lbReason = 11
-	LbL4lbReasonL4LB_R_PASS_NO_TX_PORT   LbL4lbReason = 12
-	LbL4lbReasonL4LB_R_MAX               LbL4lbReason = 13
+	LbL4lbReasonL4LB_R_PASS_NOT_IP         LbL4lbReason = 0
+	LbL4lbReasonL4LB_R_PASS_NOT_SERVICE    LbL4lbReason = 1
+	LbL4lbReasonL4LB_R_PASS_MALFORMED_L3   LbL4lbReason = 2
+	LbL4lbReasonL4LB_R_PASS_MALFORMED_L4   LbL4lbReason = 3
+	LbL4lbReasonL4LB_R_PASS_FRAGMENT       LbL4lbReason = 4
+	LbL4lbReasonL4LB_R_PASS_EXT_CHAIN      LbL4lbReason = 5
+	LbL4lbReasonL4LB_R_PASS_VLAN           LbL4lbReason = 6
+	LbL4lbReasonL4LB_R_PASS_NO_NEIGH       LbL4lbReason = 7
+	LbL4lbReasonL4LB_R_DROP_NO_BACKEND     LbL4lbReason = 8
+	LbL4lbReasonL4LB_R_DROP_NO_ROUTE       LbL4lbReason = 9
+	LbL4lbReasonL4LB_R_DROP_FRAG_NEEDED    LbL4lbReason = 10
+	LbL4lbReasonL4LB_R_DROP_ENCAP          LbL4lbReason = 11
+	LbL4lbReasonL4LB_R_PASS_NO_TX_PORT     LbL4lbReason = 12
+	LbL4lbReasonL4LB_R_DROP_SNAT_EXHAUSTED LbL4lbReason = 13
+	LbL4lbReasonL4LB_R_PASS_TTL_EXCEEDED   LbL4lbReason = 14
+	LbL4lbReasonL4LB_R_DROP_TTL_EXCEEDED   LbL4lbReason = 15
+	LbL4lbReasonL4LB_R_DROP_SNAT_REWRITE   LbL4lbReason = 16
+	LbL4lbReasonL4LB_R_DROP_OPT_NO_ROOM    LbL4lbReason = 17
+	LbL4lbReasonL4LB_R_MAX                 LbL4lbReason = 18
+)
+
+type LbL4lbSnatState uint32
+
+const (
+	LbL4lbSnatStateL4LB_SNAT_OPEN    LbL4lbSnatState = 0
+	LbL4lbSnatStateL4LB_SNAT_SYN     LbL4lbSnatState = 1
+	LbL4lbSnatStateL4LB_SNAT_CLOSING LbL4lbSnatState = 2
 )
 
 type LbL4lbSvcFlags uint32
@@ -100,6 +113,54 @@ type LbReasonStats struct {
 	_       structs.HostLayout
 	Packets uint64
 	Bytes   uint64
+}
+
+type LbSnatFwdValue struct {
+	_           structs.HostLayout
+	SnatAddr    [16]uint8
+	BackendAddr [16]uint8
+	SnatPort    uint16
+	BackendPort uint16
+	BackendId   uint32
+	LastSeen    uint64
+	State       LbL4lbSnatState
+	Pad         uint32
+}
+
+type LbSnatRevKey struct {
+	_           structs.HostLayout
+	BackendAddr [16]uint8
+	SnatAddr    [16]uint8
+	BackendPort uint16
+	SnatPort    uint16
+	Proto       uint8
+	Pad         [3]uint8
+}
+
+type LbSnatRevValue struct {
+	_          structs.HostLayout
+	ClientAddr [16]uint8
+	Vip        [16]uint8
+	ClientPort uint16
+	VipPort    uint16
+	SvcId      uint32
+	LastSeen   uint64
+	State      LbL4lbSnatState
+	Pad        uint32
+}
+
+type LbSnatWork struct {
+	_       structs.HostLayout
+	Rk      LbSnatRevKey
+	Rv      LbSnatRevValue
+	Fv      LbSnatFwdValue
+	Now     uint64
+	Lo      uint32
+	Range   uint32
+	Start   uint32
+	Flags   uint8
+	Claimed uint8
+	Pad     [2]uint8
 }
 
 type LbSvcKey struct {
@@ -129,6 +190,9 @@ const (
 	LbMapMaglev               = "maglev"
 	LbMapReasons              = "reasons"
 	LbMapServices             = "services"
+	LbMapSnatFwd              = "snat_fwd"
+	LbMapSnatRev              = "snat_rev"
+	LbMapSnatScratch          = "snat_scratch"
 	LbMapSvcStats             = "svc_stats"
 	LbMapTxPorts              = "tx_ports"
 	LbProgL4lbTc              = "l4lb_tc"
@@ -140,6 +204,15 @@ const (
 	LbVarCfgEncapTtl          = "cfg_encap_ttl"
 	LbVarCfgSeedK0            = "cfg_seed_k0"
 	LbVarCfgSeedK1            = "cfg_seed_k1"
+	LbVarCfgSnatAddr4         = "cfg_snat_addr4"
+	LbVarCfgSnatAddr4Count    = "cfg_snat_addr4_count"
+	LbVarCfgSnatAddr6         = "cfg_snat_addr6"
+	LbVarCfgSnatAddr6Count    = "cfg_snat_addr6_count"
+	LbVarCfgSnatPortMax       = "cfg_snat_port_max"
+	LbVarCfgSnatPortMin       = "cfg_snat_port_min"
+	LbVarCfgSnatTcpClosingNs  = "cfg_snat_tcp_closing_ns"
+	LbVarCfgSnatTcpNs         = "cfg_snat_tcp_ns"
+	LbVarCfgSnatUdpNs         = "cfg_snat_udp_ns"
 )
 
 // LoadLb returns the embedded CollectionSpec for Lb.
@@ -198,6 +271,9 @@ type LbMapSpecs struct {
 	Maglev       *ebpf.MapSpec `ebpf:"maglev"`
 	Reasons      *ebpf.MapSpec `ebpf:"reasons"`
 	Services     *ebpf.MapSpec `ebpf:"services"`
+	SnatFwd      *ebpf.MapSpec `ebpf:"snat_fwd"`
+	SnatRev      *ebpf.MapSpec `ebpf:"snat_rev"`
+	SnatScratch  *ebpf.MapSpec `ebpf:"snat_scratch"`
 	SvcStats     *ebpf.MapSpec `ebpf:"svc_stats"`
 	TxPorts      *ebpf.MapSpec `ebpf:"tx_ports"`
 }
@@ -213,6 +289,15 @@ type LbVariableSpecs struct {
 	CfgEncapTtl          *ebpf.VariableSpec `ebpf:"cfg_encap_ttl"`
 	CfgSeedK0            *ebpf.VariableSpec `ebpf:"cfg_seed_k0"`
 	CfgSeedK1            *ebpf.VariableSpec `ebpf:"cfg_seed_k1"`
+	CfgSnatAddr4         *ebpf.VariableSpec `ebpf:"cfg_snat_addr4"`
+	CfgSnatAddr4Count    *ebpf.VariableSpec `ebpf:"cfg_snat_addr4_count"`
+	CfgSnatAddr6         *ebpf.VariableSpec `ebpf:"cfg_snat_addr6"`
+	CfgSnatAddr6Count    *ebpf.VariableSpec `ebpf:"cfg_snat_addr6_count"`
+	CfgSnatPortMax       *ebpf.VariableSpec `ebpf:"cfg_snat_port_max"`
+	CfgSnatPortMin       *ebpf.VariableSpec `ebpf:"cfg_snat_port_min"`
+	CfgSnatTcpClosingNs  *ebpf.VariableSpec `ebpf:"cfg_snat_tcp_closing_ns"`
+	CfgSnatTcpNs         *ebpf.VariableSpec `ebpf:"cfg_snat_tcp_ns"`
+	CfgSnatUdpNs         *ebpf.VariableSpec `ebpf:"cfg_snat_udp_ns"`
 }
 
 // LbObjects contains all objects after they have been loaded into the kernel.
@@ -241,6 +326,9 @@ type LbMaps struct {
 	Maglev       *ebpf.Map `ebpf:"maglev"`
 	Reasons      *ebpf.Map `ebpf:"reasons"`
 	Services     *ebpf.Map `ebpf:"services"`
+	SnatFwd      *ebpf.Map `ebpf:"snat_fwd"`
+	SnatRev      *ebpf.Map `ebpf:"snat_rev"`
+	SnatScratch  *ebpf.Map `ebpf:"snat_scratch"`
 	SvcStats     *ebpf.Map `ebpf:"svc_stats"`
 	TxPorts      *ebpf.Map `ebpf:"tx_ports"`
 }
@@ -253,6 +341,9 @@ func (m *LbMaps) Close() error {
 		m.Maglev,
 		m.Reasons,
 		m.Services,
+		m.SnatFwd,
+		m.SnatRev,
+		m.SnatScratch,
 		m.SvcStats,
 		m.TxPorts,
 	)
@@ -269,6 +360,15 @@ type LbVariables struct {
 	CfgEncapTtl          *ebpf.Variable `ebpf:"cfg_encap_ttl"`
 	CfgSeedK0            *ebpf.Variable `ebpf:"cfg_seed_k0"`
 	CfgSeedK1            *ebpf.Variable `ebpf:"cfg_seed_k1"`
+	CfgSnatAddr4         *ebpf.Variable `ebpf:"cfg_snat_addr4"`
+	CfgSnatAddr4Count    *ebpf.Variable `ebpf:"cfg_snat_addr4_count"`
+	CfgSnatAddr6         *ebpf.Variable `ebpf:"cfg_snat_addr6"`
+	CfgSnatAddr6Count    *ebpf.Variable `ebpf:"cfg_snat_addr6_count"`
+	CfgSnatPortMax       *ebpf.Variable `ebpf:"cfg_snat_port_max"`
+	CfgSnatPortMin       *ebpf.Variable `ebpf:"cfg_snat_port_min"`
+	CfgSnatTcpClosingNs  *ebpf.Variable `ebpf:"cfg_snat_tcp_closing_ns"`
+	CfgSnatTcpNs         *ebpf.Variable `ebpf:"cfg_snat_tcp_ns"`
+	CfgSnatUdpNs         *ebpf.Variable `ebpf:"cfg_snat_udp_ns"`
 }
 
 // LbPrograms contains all programs after they have been loaded into the kernel.

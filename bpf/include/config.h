@@ -37,4 +37,21 @@ volatile const __u32 cfg_encap_src6_host_mask = 0;
 /* TTL / hop limit of outer headers the LB builds. */
 volatile const __u8 cfg_encap_ttl = 64;
 
+/*
+ * SNAT. Source addresses per family (at most SNAT_ADDRS_MAX each; IPv4 in
+ * network order, IPv6 as 16 bytes each), the source port range (host order,
+ * inclusive) and the idle timeouts of a binding in nanoseconds. Read the
+ * arrays only through volatile loads (see encap_source).
+ */
+#define SNAT_ADDRS_MAX 16
+volatile const __be32 cfg_snat_addr4[SNAT_ADDRS_MAX] = {};
+volatile const __u32 cfg_snat_addr4_count = 0;
+volatile const __u8 cfg_snat_addr6[SNAT_ADDRS_MAX * 16] __attribute__((aligned(4))) = {};
+volatile const __u32 cfg_snat_addr6_count = 0;
+volatile const __u16 cfg_snat_port_min = 32768;
+volatile const __u16 cfg_snat_port_max = 60999;
+volatile const __u64 cfg_snat_tcp_ns = 21600000000000ULL;      /* 6h */
+volatile const __u64 cfg_snat_tcp_closing_ns = 10000000000ULL; /* 10s */
+volatile const __u64 cfg_snat_udp_ns = 60000000000ULL;         /* 60s */
+
 #endif

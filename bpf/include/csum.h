@@ -27,4 +27,25 @@ static __always_inline __sum16 ipv4_hdr_csum(const struct iphdr *iph)
 	return (__sum16)~csum_fold64(sum);
 }
 
+/*
+ * Incremental updates (RFC 1624, eqn. 3: HC' = ~(~HC + ~m + m')). Accumulate
+ * the delta of every changed field with csum_delta16/32 (network-order
+ * values as loaded), then apply the sum once with csum_apply_delta. The
+ * delta is order- and word-size-independent, so 16- and 32-bit fields mix.
+ */
+static __always_inline __u64 csum_delta16(__u16 old, __u16 new)
+{
+	return (__u64)(__u16)~old + new;
+}
+
+static __always_inline __u64 csum_delta32(__u32 old, __u32 new)
+{
+	return (__u64)(__u32)~old + new;
+}
+
+static __always_inline __sum16 csum_apply_delta(__sum16 check, __u64 delta)
+{
+	return (__sum16)~csum_fold64((__u64)(__u16)~check + delta);
+}
+
 #endif

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /*
- * DSR encapsulation: IPv4-in-IPv4 and IPv6-in-IPv6 (RFC 2003, RFC 2473).
+ * DSR encapsulation: IPv4-in-IPv4 and IPv6-in-IPv6 (RFC 2003, RFC 2473), and
+ * Geneve (RFC 8926) over UDP.
  *
  * The inner packet is left exactly as the client sent it (TTL included: the
  * LB is not a router hop for the client). The outer header copies the inner
@@ -8,6 +9,16 @@
  * for IPv4, the DF bit and the identification. Its source is picked from the
  * flow hash inside a configured prefix (see config.h) so that backends can
  * spread flows over receive queues; its destination is the backend.
+ *
+ * Geneve puts UDP and a Geneve header with the l4lb option (struct
+ * l4lb_geneve: the frontend's VIP and port) between the outer IP header and
+ * the client's packet, with no inner Ethernet header. The UDP source port
+ * comes from the flow hash, for receivers that spread flows by ports. The
+ * UDP checksum is 0: RFC 768 allows it for IPv4, and RFC 6935/6936 for IPv6
+ * tunnels whose receiver is set up to accept it. Ours is: the only receiver
+ * is the l4lb companion, which removes the outer headers at tc ingress
+ * before the stack would validate them, and the client's packet keeps its
+ * own checksums end to end.
  */
 #ifndef L4LB_ENCAP_H
 #define L4LB_ENCAP_H
@@ -44,25 +55,42 @@ static __always_inline int trim_to_l3(const struct hook *h, const struct packet 
 	return -1;
 }
 
+/* UDP and Geneve headers between the outer IP header and the client's packet. */
+#define GENEVE_HLEN (sizeof(struct udphdr) + sizeof(struct l4lb_geneve))
+
+/* Bytes each encapsulation adds to a packet of the family. */
+static __always_inline __u32 ipip_overhead(__u8 family)
+{
+	return family == 4 ? sizeof(struct iphdr) : sizeof(struct ipv6hdr);
+}
+
+static __always_inline __u32 geneve_overhead(__u8 family)
+{
+	return ipip_overhead(family) + GENEVE_HLEN;
+}
+
 /*
- * Put an outer IP header in front of the IP packet of p (which must start
- * right after an untagged Ethernet header), keeping the Ethernet header: a
- * frame handed to the stack (next hop unresolved) must still be addressed to
- * this interface, or the stack drops it as PACKET_OTHERHOST. Returns -1 on
- * success or the reason for failing.
+ * Put an outer IP header with protocol proto, followed by extra bytes of
+ * room for the caller's headers, in front of the IP packet of p (which must
+ * start right after an untagged Ethernet header), keeping the Ethernet
+ * header: a frame handed to the stack (next hop unresolved) must still be
+ * addressed to this interface, or the stack drops it as PACKET_OTHERHOST.
+ * tc_flags adds to the tc encapsulation flags (the L4 tunnel type). Returns
+ * -1 on success or the reason for failing.
  */
-static __always_inline int encap_ipip(const struct hook *h, const struct packet *p,
-				      const __u8 src[16], const __u8 dst[16], __u32 hash)
+static __always_inline int encap_push(const struct hook *h, const struct packet *p,
+				      const __u8 src[16], const __u8 dst[16], __u32 hash,
+				      __u8 proto, int extra, __u64 tc_flags)
 {
 	int hdr = p->family == 4 ? (int)sizeof(struct iphdr) : (int)sizeof(struct ipv6hdr);
-	__u64 flags = BPF_F_ADJ_ROOM_FIXED_GSO |
+	__u64 flags = BPF_F_ADJ_ROOM_FIXED_GSO | tc_flags |
 		      (p->family == 4 ? BPF_F_ADJ_ROOM_ENCAP_L3_IPV4 : BPF_F_ADJ_ROOM_ENCAP_L3_IPV6);
 	void *data, *data_end;
 	struct ethhdr *eth;
 
 	if (trim_to_l3(h, p) >= 0)
 		return L4LB_R_DROP_ENCAP;
-	if (hook_grow(h, ETH_HLEN, hdr, flags))
+	if (hook_grow(h, ETH_HLEN, hdr + extra, flags))
 		return L4LB_R_DROP_ENCAP;
 	data = hook_data(h);
 	data_end = hook_data_end(h);
@@ -70,7 +98,7 @@ static __always_inline int encap_ipip(const struct hook *h, const struct packet 
 
 	if (p->family == 4) {
 		struct iphdr *outer = data + sizeof(*eth);
-		struct iphdr *inner = (void *)(outer + 1);
+		struct iphdr *inner = (void *)(outer + 1) + extra;
 
 		if ((void *)(inner + 1) > data_end)
 			return L4LB_R_DROP_ENCAP;
@@ -78,11 +106,11 @@ static __always_inline int encap_ipip(const struct hook *h, const struct packet 
 		outer->version = 4;
 		outer->ihl = 5;
 		outer->tos = p->tos;
-		outer->tot_len = bpf_htons(p->l3_len + sizeof(*outer));
+		outer->tot_len = bpf_htons(p->l3_len + sizeof(*outer) + extra);
 		outer->id = inner->id;
 		outer->frag_off = p->frag_df;
 		outer->ttl = cfg_encap_ttl;
-		outer->protocol = IPPROTO_IPIP;
+		outer->protocol = proto;
 		outer->check = 0;
 		outer->saddr = addr_to_v4(src);
 		outer->daddr = addr_to_v4(dst);
@@ -98,12 +126,64 @@ static __always_inline int encap_ipip(const struct hook *h, const struct packet 
 		outer->flow_lbl[0] = ((p->tos & 0x0f) << 4) | ((hash >> 16) & 0x0f);
 		outer->flow_lbl[1] = hash >> 8;
 		outer->flow_lbl[2] = hash;
-		outer->payload_len = bpf_htons(p->l3_len);
-		outer->nexthdr = IPPROTO_IPV6;
+		outer->payload_len = bpf_htons(p->l3_len + extra);
+		outer->nexthdr = proto;
 		outer->hop_limit = cfg_encap_ttl;
 		copy16(&outer->saddr, src);
 		copy16(&outer->daddr, dst);
 	}
+	return -1;
+}
+
+/* IPIP: the outer IP header straight in front of the client's packet. */
+static __always_inline int encap_ipip(const struct hook *h, const struct packet *p,
+				      const __u8 src[16], const __u8 dst[16], __u32 hash)
+{
+	return encap_push(h, p, src, dst, hash, p->family == 4 ? IPPROTO_IPIP : IPPROTO_IPV6, 0, 0);
+}
+
+/* Geneve: outer IP / UDP / Geneve with the l4lb option naming p's frontend. */
+static __always_inline int encap_geneve(const struct hook *h, const struct packet *p,
+					const __u8 src[16], const __u8 dst[16], __u32 hash)
+{
+	struct l4lb_geneve *g;
+	void *data, *data_end;
+	struct udphdr *uh;
+	int r;
+
+	r = encap_push(h, p, src, dst, hash, IPPROTO_UDP, GENEVE_HLEN, BPF_F_ADJ_ROOM_ENCAP_L4_UDP);
+	if (r >= 0)
+		return r;
+	data = hook_data(h);
+	data_end = hook_data_end(h);
+	if (p->family == 4)
+		uh = data + ETH_HLEN + sizeof(struct iphdr);
+	else
+		uh = data + ETH_HLEN + sizeof(struct ipv6hdr);
+	g = (void *)(uh + 1);
+	if ((void *)(g + 1) > data_end)
+		return L4LB_R_DROP_ENCAP;
+
+	/* Bits 16-29 of the hash: the IPv4 outer source already shows the low ones. */
+	uh->source = bpf_htons(L4LB_GENEVE_SPORT_MIN | ((hash >> 16) & 0x3fff));
+	uh->dest = bpf_htons(L4LB_GENEVE_PORT);
+	uh->len = bpf_htons(p->l3_len + GENEVE_HLEN);
+	uh->check = 0;
+
+	g->ver_optlen = (sizeof(*g) - 8) / 4;
+	g->flags = 0;
+	g->proto = p->family == 4 ? bpf_htons(ETH_P_IP) : bpf_htons(ETH_P_IPV6);
+	g->vni[0] = 0;
+	g->vni[1] = 0;
+	g->vni[2] = 0;
+	g->rsvd = 0;
+	g->opt_class = bpf_htons(L4LB_GENEVE_CLASS);
+	g->opt_type = L4LB_GENEVE_TYPE;
+	g->opt_len = (sizeof(*g) - 12) / 4;
+	copy16(g->vip, p->key.dst);
+	g->port = p->key.dport;
+	g->reserved[0] = 0;
+	g->reserved[1] = 0;
 	return -1;
 }
 

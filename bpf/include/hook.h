@@ -19,6 +19,7 @@
 #include <linux/pkt_cls.h>
 
 #include "common.h"
+#include "csum.h"
 #include "maps.h"
 
 struct hook {
@@ -168,6 +169,47 @@ static __always_inline int hook_redirect(const struct hook *h, __u32 ifindex, in
 		return ret;
 	}
 	return bpf_redirect(ifindex, 0);
+}
+
+/* Largest frame offset of a TCP/UDP checksum field the helper below accepts. */
+#define HOOK_CSUM_OFF_MAX 1024
+
+/*
+ * Apply delta (the sum of csum_delta16/32 over the changed fields, see
+ * csum.h) to the TCP/UDP checksum at byte off of the frame. flags as for
+ * bpf_l4_csum_replace: BPF_F_PSEUDO_HDR when the changed field is in the
+ * pseudo-header (an address), BPF_F_MARK_MANGLED_0 for UDP (a zero checksum
+ * means none and stays zero; a sum that comes out zero is sent as 0xffff).
+ * Call it once for pseudo-header changes and once for the rest.
+ *
+ * tc leaves it to the kernel: an skb from a local sender (over veth, say)
+ * may carry CHECKSUM_PARTIAL, whose field holds only the pseudo-header sum;
+ * only pseudo-header changes may touch it then. XDP frames come from the
+ * wire with complete checksums. Returns 0, or negative on failure.
+ */
+static __always_inline int hook_l4_csum_update(const struct hook *h, __u32 off, __u64 delta, __u64 flags)
+{
+	if (h->xdp) {
+		void *data = hook_data(h);
+		void *data_end = hook_data_end(h);
+		__sum16 *check;
+
+		if (off > HOOK_CSUM_OFF_MAX)
+			return -1;
+		check = data + off;
+		if ((void *)(check + 1) > data_end)
+			return -1;
+		if ((flags & BPF_F_MARK_MANGLED_0) && !*check)
+			return 0;
+		*check = csum_apply_delta(*check, delta);
+		if ((flags & BPF_F_MARK_MANGLED_0) && !*check)
+			*check = 0xffff;
+		return 0;
+	}
+	delta = (delta & 0xffffffff) + (delta >> 32);
+	delta = (delta & 0xffffffff) + (delta >> 32);
+	return bpf_l4_csum_replace(hook_skb(h), off, 0, (__u32)delta,
+				   flags & (BPF_F_PSEUDO_HDR | BPF_F_MARK_MANGLED_0));
 }
 
 #endif

@@ -2,7 +2,7 @@
 /*
  * Maps of the LB program. Sizes here are placeholders: lb/datapath sets
  * max_entries from the config (datapath.max_services, max_backends,
- * conntrack_max) before loading. Every map is pinned by name under
+ * conntrack_max, snat_max) before loading. Every map is pinned by name under
  * daemon.bpffs so a restarted l4lbd adopts the live state.
  */
 #ifndef L4LB_MAPS_H
@@ -65,6 +65,46 @@ struct {
 	__uint(map_flags, BPF_F_NO_COMMON_LRU);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } conntrack SEC(".maps");
+
+/*
+ * SNAT bindings, one entry per direction (see snat.h). LRU because a NAT
+ * table that refuses new flows when full fails the new flows of every
+ * service at once; an LRU instead forgets the binding idle the longest.
+ * Evicting a live binding breaks that one flow: its next packet gets a new
+ * port (or, when only one half was evicted, the binding is rebuilt from the
+ * other half). Like conntrack, each CPU evicts from its own list; both
+ * entries of a binding are inserted by the forward path, so on the same CPU.
+ * Sized by datapath.snat_max.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct flow_key);
+	__type(value, struct snat_fwd_value);
+	__uint(max_entries, 1048576);
+	__uint(map_flags, BPF_F_NO_COMMON_LRU);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} snat_fwd SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct snat_rev_key);
+	__type(value, struct snat_rev_value);
+	__uint(max_entries, 1048576);
+	__uint(map_flags, BPF_F_NO_COMMON_LRU);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} snat_rev SEC(".maps");
+
+/*
+ * Per-CPU scratch space of the SNAT paths (see struct snat_work).
+ * A program run never nests with another on the same CPU, so one slot per
+ * CPU is enough. It holds no state between packets, so it is not pinned.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct snat_work);
+	__uint(max_entries, 1);
+} snat_scratch SEC(".maps");
 
 /* Per-CPU counters by service id and by backend id. */
 struct {

@@ -133,6 +133,11 @@ enum l4lb_reason {
 	L4LB_R_DROP_FRAG_NEEDED,     /* encapsulated packet exceeds the egress MTU */
 	L4LB_R_DROP_ENCAP,           /* headroom could not be grown */
 	L4LB_R_PASS_NO_TX_PORT,      /* egress interface is not in tx_ports: passed, the kernel forwards */
+	L4LB_R_DROP_SNAT_EXHAUSTED,  /* SNAT: no free (address, port) among the probed candidates */
+	L4LB_R_PASS_TTL_EXCEEDED,    /* SNAT: TTL / hop limit would reach 0: passed, the stack answers time-exceeded */
+	L4LB_R_DROP_TTL_EXCEEDED,    /* SNAT reply whose TTL / hop limit would reach 0: dropped */
+	L4LB_R_DROP_SNAT_REWRITE,    /* SNAT: the packet could not be rewritten (a kernel helper refused) */
+	L4LB_R_DROP_OPT_NO_ROOM,     /* DSR opt: no room for the VIP option (IPv4 options full, or an IPv6 hop-by-hop header that must stay first) */
 	L4LB_R_MAX,
 };
 
@@ -142,6 +147,72 @@ struct reason_stats {
 	__u64 bytes;
 };
 
+/*
+ * SNAT bindings. A SNAT flow owns one (SNAT address, SNAT port) towards its
+ * backend. Two LRU maps hold it, one per direction: snat_fwd keyed by the
+ * client's flow_key, snat_rev keyed by the reply as the backend sends it.
+ * The reverse entry is the claim on the port (inserted with BPF_NOEXIST), so
+ * it is the authority on liveness: both directions refresh its last_seen and
+ * state. See snat.h.
+ */
+enum l4lb_snat_state {
+	L4LB_SNAT_OPEN = 0,    /* UDP, or TCP past the handshake: tcp / udp timeout */
+	L4LB_SNAT_SYN = 1,     /* TCP binding made by a SYN, no ACK from the client yet: tcp_closing timeout */
+	L4LB_SNAT_CLOSING = 2, /* TCP after a FIN or RST in either direction: tcp_closing timeout */
+};
+
+/* Value of snat_fwd (key: struct flow_key, the client's 5-tuple). */
+struct snat_fwd_value {
+	__u8 snat_addr[16];    /* new source, network order, IPv4-mapped for IPv4 */
+	__u8 backend_addr[16]; /* new destination, same encoding */
+	__be16 snat_port;      /* network order */
+	__be16 backend_port;   /* network order */
+	__u32 backend_id;      /* host order; the binding is redone when the flow changes backend */
+	__u64 last_seen;       /* bpf_ktime_get_coarse_ns() of the latest client packet (throttled) */
+	enum l4lb_snat_state state; /* as last seen by the forward path */
+	__u32 pad;             /* always 0 */
+};
+
+/* Key of snat_rev: a reply as it arrives from the backend. */
+struct snat_rev_key {
+	__u8 backend_addr[16]; /* reply source, network order, IPv4-mapped for IPv4 */
+	__u8 snat_addr[16];    /* reply destination, same encoding */
+	__be16 backend_port;   /* network order */
+	__be16 snat_port;      /* network order */
+	__u8 proto;            /* IPPROTO_TCP or IPPROTO_UDP */
+	__u8 pad[3];           /* always 0 */
+};
+
+/* Value of snat_rev: where the reply goes, and the binding's liveness. */
+struct snat_rev_value {
+	__u8 client_addr[16];  /* new destination, network order, IPv4-mapped for IPv4 */
+	__u8 vip[16];          /* new source, same encoding */
+	__be16 client_port;    /* network order */
+	__be16 vip_port;       /* network order */
+	__u32 svc_id;          /* host order */
+	__u64 last_seen;       /* bpf_ktime_get_coarse_ns() of the latest packet either way (throttled) */
+	enum l4lb_snat_state state;
+	__u32 pad;             /* always 0 */
+};
+
+/*
+ * Scratch space of the SNAT paths, one per CPU (map snat_scratch): these
+ * keys and values do not fit the 512-byte stack next to the rest of the
+ * program. Go only checks its size.
+ */
+struct snat_work {
+	struct snat_rev_key rk;   /* backend, SNAT address and port, protocol */
+	struct snat_rev_value rv; /* the flow's reverse entry */
+	struct snat_fwd_value fv; /* the flow's forward entry */
+	__u64 now;
+	__u32 lo;                 /* probe: first port of the range, host order */
+	__u32 range;              /* probe: ports in the range */
+	__u32 start;              /* probe: first candidate, an offset into the range */
+	__u8 flags;               /* the client packet's TCP flags */
+	__u8 claimed;             /* probe: a port was claimed */
+	__u8 pad[2];
+};
+
 /* What the backend companion did with a packet; index of its counters. */
 enum l4lb_backend_reason {
 	L4LB_B_DECAP_IPIP = 0,    /* IPIP / IPv6-in-IPv6 to a local VIP: decapsulated */
@@ -149,7 +220,102 @@ enum l4lb_backend_reason {
 	L4LB_B_PASS_NOT_VIP,      /* encapsulated, but the inner destination is not a VIP here */
 	L4LB_B_PASS_MALFORMED,    /* truncated or inconsistent headers: left for the stack */
 	L4LB_B_DROP_DECAP,        /* the outer header could not be removed */
+	L4LB_B_DECAP_GENEVE,      /* Geneve with the l4lb option, to a local VIP: decapsulated */
+	L4LB_B_OPT_RECORD,        /* opt dispatch: the packet's VIP:port recorded for its replies */
+	L4LB_B_OPT_REPLY,         /* egress: reply of a recorded flow, source rewritten to VIP:port */
+	L4LB_B_EGRESS_OTHER,      /* egress: not a reply of a recorded flow, left alone */
+	L4LB_B_DROP_REPLY,        /* egress: a reply's rewrite failed; dropped rather than sent from the backend's address */
 	L4LB_B_MAX,
+};
+
+/*
+ * Wire formats of DSR dispatch geneve and opt: what the LB writes and the
+ * backend companion reads. All multi-byte fields are network order.
+ */
+
+/* UDP destination port of Geneve (IANA). */
+#define L4LB_GENEVE_PORT 6081
+/* Option class of the l4lb Geneve option: the experimental range
+ * (0xFF00-0xFFFF) of RFC 8926's IANA registry. */
+#define L4LB_GENEVE_CLASS 0xFF4C
+#define L4LB_GENEVE_TYPE 0x01
+/* First Geneve UDP source port; the flow hash picks one of the 16384 from here. */
+#define L4LB_GENEVE_SPORT_MIN 49152
+
+/*
+ * Geneve (RFC 8926) as the LB sends it: the base header, then exactly one
+ * option, the l4lb one. No inner Ethernet header: proto is the inner
+ * ethertype.
+ */
+struct l4lb_geneve {
+	__u8 ver_optlen;  /* version (top 2 bits) 0; options length in 4-byte words: 6 */
+	__u8 flags;       /* O (0x80) and C (0x40): 0 */
+	__be16 proto;     /* ETH_P_IP or ETH_P_IPV6: the inner packet's family */
+	__u8 vni[3];      /* 0 */
+	__u8 rsvd;        /* 0 */
+	__be16 opt_class; /* L4LB_GENEVE_CLASS */
+	__u8 opt_type;    /* L4LB_GENEVE_TYPE (critical bit clear) */
+	__u8 opt_len;     /* 3 reserved bits 0; data length in 4-byte words: 5 */
+	__u8 vip[16];     /* the frontend's VIP, IPv4-mapped for IPv4 */
+	__be16 port;      /* the frontend's port */
+	__u8 reserved[2]; /* 0 */
+};
+
+_Static_assert(sizeof(struct l4lb_geneve) == 32, "Geneve base header (8) and l4lb option (4 + 20)");
+
+/* IPv4 option type of the opt dispatch: copied on fragmentation, class 0,
+ * number 30 (RFC 4727 experimental). */
+#define L4LB_IPV4_OPT_TYPE 0x9E
+
+/* The IPv4 option the LB inserts right after the base header. */
+struct l4lb_ipv4_opt {
+	__u8 type;   /* L4LB_IPV4_OPT_TYPE */
+	__u8 len;    /* 8 */
+	__be16 port; /* the frontend's port */
+	__be32 vip;  /* the frontend's VIP */
+};
+
+_Static_assert(sizeof(struct l4lb_ipv4_opt) == 8, "IPv4 option of the opt dispatch");
+
+/* IPv6 destination option type of the opt dispatch: skip if unknown, not
+ * changed en route, number 30 (RFC 4727 experimental). */
+#define L4LB_IPV6_OPT_TYPE 0x1E
+
+/*
+ * The IPv6 destination-options header the LB inserts right after the IPv6
+ * header: a 2-byte PadN first so that the VIP sits 8-byte aligned, then the
+ * option (type, length 18, port, VIP). 24 bytes: hdrlen 2.
+ */
+struct l4lb_ipv6_dstopt {
+	__u8 nexthdr;  /* the packet's original next header */
+	__u8 hdrlen;   /* 2: (24 / 8) - 1 */
+	__u8 pad_type; /* 1: PadN */
+	__u8 pad_len;  /* 0 */
+	__u8 opt_type; /* L4LB_IPV6_OPT_TYPE */
+	__u8 opt_len;  /* 18 */
+	__be16 port;   /* the frontend's port */
+	__u8 vip[16];  /* the frontend's VIP */
+};
+
+_Static_assert(sizeof(struct l4lb_ipv6_dstopt) == 24, "IPv6 destination options of the opt dispatch");
+
+/*
+ * Key of the companion's opt_flows table: a client's flow as the backend
+ * sees it arrive, and (swapped) as its replies leave.
+ */
+struct opt_flow_key {
+	__u8 client[16];     /* client address, network order, IPv4-mapped for IPv4 */
+	__be16 client_port;  /* network order */
+	__be16 local_port;   /* the backend port the LB rewrote the destination to; network order */
+	__u8 proto;          /* IPPROTO_TCP or IPPROTO_UDP */
+	__u8 pad[3];         /* always 0 */
+};
+
+/* Value of opt_flows: the frontend the client addressed, the replies' source. */
+struct opt_flow_value {
+	__u8 vip[16];        /* network order, IPv4-mapped for IPv4 */
+	__be16 vip_port;     /* network order */
+	__u8 pad[2];         /* always 0 */
 };
 
 #endif

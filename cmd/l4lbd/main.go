@@ -101,17 +101,22 @@ func reloadOnHUP(ctx context.Context, d *daemon.Daemon, log *slog.Logger) {
 
 func backendCmd() *cobra.Command {
 	var (
-		iface string
-		vips  []string
-		pin   string
+		iface    string
+		vips     []string
+		pin      string
+		maxFlows uint32
 	)
 	cmd := &cobra.Command{
 		Use:   "backend",
 		Short: "run the DSR backend companion on a backend host",
-		Long: `Attaches the backend companion at tc ingress of --interface. It removes the
-IPIP / IPv6-in-IPv6 header of DSR packets whose inner destination is one of the
---vip addresses, so the host needs no tunnel module; bind the VIPs on lo.
-Runs in the foreground; SIGTERM detaches it.`,
+		Long: `Attaches the backend companion at tc ingress and egress of --interface.
+For DSR dispatch ipip and geneve it removes the IPIP / IPv6-in-IPv6 or Geneve
+headers of packets whose inner destination is one of the --vip addresses, so
+the host needs no tunnel module; bind the VIPs on lo. For dispatch opt it
+records the VIP:port named by the option of a flow's SYN (TCP) or datagrams
+(UDP), up to --max-flows flows, and gives the replies that VIP:port as their
+source; no VIP on lo is needed, and the replies must leave through
+--interface. Runs in the foreground; SIGTERM detaches it.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log := newLogger(slog.LevelInfo)
@@ -126,11 +131,14 @@ Runs in the foreground; SIGTERM detaches it.`,
 			if len(addrs) == 0 {
 				return errors.New("at least one --vip is needed")
 			}
-			c, err := datapath.LoadCompanion(pin, log)
+			if maxFlows == 0 {
+				return errors.New("--max-flows must be at least 1")
+			}
+			c, err := datapath.LoadCompanion(datapath.CompanionConfig{PinPath: pin, MaxFlows: maxFlows, Log: log})
 			if err != nil {
 				return err
 			}
-			defer c.Close(pin)
+			defer c.Close()
 			if err := c.SetVIPs(addrs); err != nil {
 				return err
 			}
@@ -148,6 +156,8 @@ Runs in the foreground; SIGTERM detaches it.`,
 	cmd.Flags().StringVarP(&iface, "interface", "i", "", "interface that receives DSR traffic (required)")
 	cmd.Flags().StringArrayVar(&vips, "vip", nil, "a VIP served on this host (repeatable)")
 	cmd.Flags().StringVar(&pin, "bpffs", "/sys/fs/bpf/l4lb-backend", "bpffs directory for the companion's maps")
+	cmd.Flags().Uint32Var(&maxFlows, "max-flows", datapath.DefaultCompanionMaxFlows,
+		"capacity of the opt flow table (LRU): a TCP connection whose entry is evicted loses its reply path")
 	_ = cmd.MarkFlagRequired("interface")
 	return cmd
 }

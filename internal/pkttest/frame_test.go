@@ -141,3 +141,51 @@ func TestICMPAndFragments(t *testing.T) {
 		t.Errorf("fragment fields not set:\n%s", d.Dump())
 	}
 }
+
+func TestL4Checksum(t *testing.T) {
+	exts := []Ext{{Type: layers.IPProtocolIPv6Destination, Body: PadN(0)}}
+	for _, tt := range []struct {
+		name string
+		p    Packet
+	}{
+		{"IPv4 TCP", Packet{Src: src4, Dst: dst4, ACK: true, Payload: []byte("odd")}},
+		{"IPv4 UDP", Packet{Src: src4, Dst: dst4, Proto: layers.IPProtocolUDP, Payload: []byte("even")}},
+		{"IPv4 TCP options", Packet{Src: src4, Dst: dst4, IPv4Options: []layers.IPv4Option{{OptionType: 0x94, OptionLength: 4, OptionData: []byte{0, 0}}}}},
+		{"IPv6 TCP", Packet{Src: src6, Dst: dst6, SYN: true}},
+		{"IPv6 UDP", Packet{Src: src6, Dst: dst6, Proto: layers.IPProtocolUDP, Payload: []byte("x")}},
+		{"IPv6 UDP after an extension", Packet{Src: src6, Dst: dst6, Proto: layers.IPProtocolUDP, IPv6Ext: exts, Payload: []byte("y")}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			frame := Build(t, tt.p)
+			// gopacket computed the carried checksum: the two must agree.
+			ok, got, want, err := L4ChecksumValid(frame)
+			if err != nil || !ok {
+				t.Fatalf("built packet: valid=%v carried %#04x computed %#04x err %v", ok, got, want, err)
+			}
+			l := MustLayout(t, frame)
+			// Any changed byte the sum covers must show: a source port,
+			// the last payload byte, an address (pseudo header).
+			for _, at := range []int{l.L4, l.L3 + l.L3Len - 1, l.L3 + 13 + 4*(l.Family/6)} {
+				bad := bytes.Clone(frame)
+				bad[at] ^= 0x40
+				if ok, got, want, _ := L4ChecksumValid(bad); ok {
+					t.Errorf("byte %d flipped: still valid (carried %#04x computed %#04x)", at, got, want)
+				}
+			}
+		})
+	}
+
+	// A zero UDP checksum is "none" for IPv4 and invalid for IPv6.
+	for _, p := range []Packet{{Src: src4, Dst: dst4, Proto: layers.IPProtocolUDP}, {Src: src6, Dst: dst6, Proto: layers.IPProtocolUDP}} {
+		frame := Build(t, p)
+		l := MustLayout(t, frame)
+		frame[l.L4+6], frame[l.L4+7] = 0, 0
+		ok, _, _, err := L4ChecksumValid(frame)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := l.Family == 4; ok != want {
+			t.Errorf("IPv%d UDP with checksum 0: valid=%v, want %v", l.Family, ok, want)
+		}
+	}
+}

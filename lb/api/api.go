@@ -32,6 +32,25 @@ type Status struct {
 	Rejected        []string    `json:"rejected,omitempty"`
 	ReconcileError  string      `json:"reconcile_error,omitempty"`
 	Reasons         []Reason    `json:"reasons"`
+	// Discovery reports the sources that watch something outside l4lbd
+	// (Consul): whether their services may be out of date.
+	Discovery []SourceStatus `json:"discovery,omitempty"`
+}
+
+// SourceStatus is the state of one discovery source.
+type SourceStatus struct {
+	Name string `json:"name"`
+	// LastSync is when the source last had a complete, current view.
+	LastSync time.Time `json:"last_sync"`
+	// Stale is true while the source cannot reach what it watches: its
+	// last known services keep serving, possibly out of date.
+	Stale bool `json:"stale"`
+	// StaleSeconds is how long it has been stale (0 when not).
+	StaleSeconds float64 `json:"stale_seconds"`
+	// Error is why it is stale.
+	Error string `json:"error,omitempty"`
+	// Errors are the definitions it left out, each naming its origin.
+	Errors []string `json:"errors,omitempty"`
 }
 
 // Reload is the outcome of the latest configuration (re)load.

@@ -58,6 +58,13 @@ const (
 	defaultSNATPortMax     = 60999
 	defaultConntrackMax    = 1 << 20
 	minConntrackMax        = 1024
+	defaultSNATMax         = 1 << 20
+	minSNATMax             = 1024
+	maxSNATAddresses       = 16 // per family; the datapath's limit
+	minSNATTimeout         = time.Second
+	defaultSNATTCP         = 6 * time.Hour
+	defaultSNATTCPClosing  = 10 * time.Second
+	defaultSNATUDP         = 60 * time.Second
 	defaultMaxServices     = 4096
 	defaultMaxBackends     = 65536
 	defaultTableSize       = 16381
@@ -176,6 +183,22 @@ type Datapath struct {
 	// backend maps, shared by all discovery sources.
 	MaxServices uint32
 	MaxBackends uint32
+	// SNATMax is the capacity of each of the two SNAT tables (bindings).
+	SNATMax uint32
+	// SNATTimeouts are the idle timeouts of SNAT bindings.
+	SNATTimeouts SNATTimeouts
+}
+
+// SNATTimeouts are how long a SNAT binding may stay idle before its port
+// is free for another flow.
+type SNATTimeouts struct {
+	// TCP applies to established TCP flows.
+	TCP time.Duration
+	// TCPClosing applies after a FIN or RST in either direction, and to
+	// flows that sent a SYN but no ACK yet.
+	TCPClosing time.Duration
+	// UDP applies to UDP flows.
+	UDP time.Duration
 }
 
 // Maglev holds the consistent-hashing settings shared by every LB box.
@@ -248,6 +271,8 @@ func Default() *Config {
 			ConntrackMax: defaultConntrackMax,
 			MaxServices:  defaultMaxServices,
 			MaxBackends:  defaultMaxBackends,
+			SNATMax:      defaultSNATMax,
+			SNATTimeouts: SNATTimeouts{TCP: defaultSNATTCP, TCPClosing: defaultSNATTCPClosing, UDP: defaultSNATUDP},
 		},
 		Maglev: Maglev{TableSize: defaultTableSize},
 	}

@@ -84,6 +84,11 @@ snat_port_range = "40000-50000"
 conntrack_max = 2048
 max_services = 10
 max_backends = 20
+snat_max = 4096
+[datapath.snat_timeouts]
+tcp = "1h"
+tcp_closing = "1s"
+udp = "90s"
 [maglev]
 hash_seed = "00112233445566778899AABBCCDDEEFF"
 table_size = 251
@@ -108,6 +113,8 @@ table_size = 251
 					ConntrackMax:  2048,
 					MaxServices:   10,
 					MaxBackends:   20,
+					SNATMax:       4096,
+					SNATTimeouts:  SNATTimeouts{TCP: time.Hour, TCPClosing: time.Second, UDP: 90 * time.Second},
 				}
 				c.Maglev.TableSize = 251
 				return c
@@ -291,13 +298,13 @@ protocol = "udp"
 [[service.backend]]
 address = "10.1.0.11"
 port = 5353
-# Geneve carries the VIP:port, so the backend port is free.
+# opt rewrites the destination port, so the backend port is free.
 [[service]]
-name = "geneve"
+name = "opt"
 vip = "10.0.0.10"
 port = 80
 protocol = "tcp"
-dsr_dispatch = "geneve"
+dsr_dispatch = "opt"
 [[service.backend]]
 address = "10.1.0.11"
 port = 8080
@@ -327,7 +334,7 @@ port = 82
 				c.Services = []lb.Service{
 					{Name: "udp", Frontend: fe("10.0.0.10", 53, lb.UDP),
 						Backends: []lb.Backend{{Addr: ap("10.1.0.11:5353"), Weight: 1}}, Source: "file:test.toml"},
-					{Name: "geneve", Frontend: fe("10.0.0.10", 80, lb.TCP), Dispatch: lb.DispatchGeneve,
+					{Name: "opt", Frontend: fe("10.0.0.10", 80, lb.TCP), Dispatch: lb.DispatchOpt,
 						Backends: []lb.Backend{{Addr: ap("10.1.0.11:8080"), Weight: 1}}, Source: "file:test.toml"},
 					{Name: "snat", Frontend: fe("10.0.0.10", 81, lb.TCP), Mode: lb.ModeSNAT,
 						Backends: []lb.Backend{{Addr: ap("10.1.0.11:8081"), Weight: 1}}, Source: "file:test.toml"},

@@ -40,6 +40,15 @@ type rawDatapath struct {
 	ConntrackMax  any `toml:"conntrack_max"`
 	MaxServices   any `toml:"max_services"`
 	MaxBackends   any `toml:"max_backends"`
+	SNATMax       any `toml:"snat_max"`
+	// SNATTimeouts is [datapath.snat_timeouts].
+	SNATTimeouts *rawSNATTimeouts `toml:"snat_timeouts"`
+}
+
+type rawSNATTimeouts struct {
+	TCP        any `toml:"tcp"`
+	TCPClosing any `toml:"tcp_closing"`
+	UDP        any `toml:"udp"`
 }
 
 type rawMaglev struct {

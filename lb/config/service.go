@@ -165,7 +165,7 @@ func validServiceName(name string) bool {
 
 // service validates one service; s is the scope of its table. Unset
 // overrides stay unset in the result, but the checks that depend on them
-// (table capacity, DSR over IPIP) use the effective values from d.
+// (table capacity, DSR over IPIP or Geneve) use the effective values from d.
 func (c *checker) service(s scope, r *rawService, i int, d lb.Defaults) (lb.Service, serviceFacts) {
 	var svc lb.Service
 	var facts serviceFacts
@@ -226,9 +226,11 @@ func (c *checker) service(s scope, r *rawService, i int, d lb.Defaults) (lb.Serv
 	svc.Health = c.health(s.sub("health"), r.Health)
 
 	eff := svc.WithDefaults(d)
-	// IPIP carries the client's packet unchanged, destination port
-	// included, so the backend can only answer on the VIP's port.
-	ipipSamePort := eff.Dispatch == lb.DispatchIPIP && eff.ModeFor(svc.Frontend.Proto) == lb.ModeDSR && protoOK
+	// IPIP and Geneve carry the client's packet unchanged, destination
+	// port included, so the backend can only answer on the VIP's port.
+	// opt rewrites the destination, port included, so any port works.
+	samePort := (eff.Dispatch == lb.DispatchIPIP || eff.Dispatch == lb.DispatchGeneve) &&
+		eff.ModeFor(svc.Frontend.Proto) == lb.ModeDSR && protoOK
 	seen := make(map[netip.AddrPort]int)
 	eligible := 0
 	for j := range r.Backend {
@@ -244,9 +246,9 @@ func (c *checker) service(s scope, r *rawService, i int, d lb.Defaults) (lb.Serv
 			continue
 		}
 		seen[b.Addr] = j
-		if ipipSamePort && portOK && rb.Port != nil && b.Addr.Port() != svc.Frontend.Port {
-			bs.errorf("port", "port %d differs from the service port %d, but with mode %q and dsr_dispatch \"ipip\" the packet reaches the backend unchanged, so the backend must listen on port %d: drop the backend port (or set it to %d), or use mode = \"snat\", or dsr_dispatch = \"geneve\" or \"opt\"",
-				b.Addr.Port(), svc.Frontend.Port, eff.Mode, svc.Frontend.Port, svc.Frontend.Port)
+		if samePort && portOK && rb.Port != nil && b.Addr.Port() != svc.Frontend.Port {
+			bs.errorf("port", "port %d differs from the service port %d, but with mode %q and dsr_dispatch %q the packet reaches the backend unchanged, so the backend must listen on port %d: drop the backend port (or set it to %d), or use mode = \"snat\", or dsr_dispatch = \"opt\" (which rewrites the destination port)",
+				b.Addr.Port(), svc.Frontend.Port, eff.Mode, eff.Dispatch, svc.Frontend.Port, svc.Frontend.Port)
 		}
 		if b.Weight > 0 {
 			eligible++

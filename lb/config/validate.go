@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/l4lb/l4lb/lb"
 	"github.com/l4lb/l4lb/lb/maglev"
@@ -240,6 +241,10 @@ func (c *checker) datapath(r *rawDatapath, d *Datapath) {
 				continue
 			}
 			seen[a] = true
+			if n := countFamily(d.SNATAddresses, a.Is4()); n == maxSNATAddresses {
+				s.errorf(key, "%s: more than %d %s SNAT addresses; the datapath holds at most %d per family: remove some", s.name(key), maxSNATAddresses, family(a), maxSNATAddresses)
+				continue
+			}
 			d.SNATAddresses = append(d.SNATAddresses, a)
 		}
 	}
@@ -259,6 +264,54 @@ func (c *checker) datapath(r *rawDatapath, d *Datapath) {
 	if n, ok := s.uint32In("max_backends", r.MaxBackends, 1, fmt.Sprintf("use at least 1 (default %d)", defaultMaxBackends)); ok {
 		d.MaxBackends = n
 	}
+	if n, ok := s.uint32In("snat_max", r.SNATMax, minSNATMax, fmt.Sprintf("use at least %d entries (default %d)", minSNATMax, defaultSNATMax)); ok {
+		d.SNATMax = n
+	}
+	if r.SNATTimeouts != nil {
+		snatTimeouts(s.sub("snat_timeouts"), r.SNATTimeouts, &d.SNATTimeouts)
+	}
+}
+
+// snatTimeouts validates [datapath.snat_timeouts]. Below a second a
+// binding could expire between two packets of a live flow, and the
+// datapath's clock is coarse anyway.
+func snatTimeouts(s scope, r *rawSNATTimeouts, t *SNATTimeouts) {
+	set := func(key string, v any, dst *time.Duration) bool {
+		if v == nil {
+			return true
+		}
+		d, ok := s.duration(key, v)
+		if !ok {
+			return false
+		}
+		if d < minSNATTimeout {
+			s.errorf(key, "%s = %q is too short: use at least %s", s.name(key), v, minSNATTimeout)
+			return false
+		}
+		*dst = d
+		return true
+	}
+	tcpOK := set("tcp", r.TCP, &t.TCP)
+	closingOK := set("tcp_closing", r.TCPClosing, &t.TCPClosing)
+	set("udp", r.UDP, &t.UDP)
+	if tcpOK && closingOK && t.TCPClosing > t.TCP {
+		key := "tcp_closing"
+		if r.TCPClosing == nil {
+			key = "tcp"
+		}
+		s.errorf(key, "%s (%s) is longer than %s (%s): a closing connection would outlive an established one; shorten tcp_closing or lengthen tcp",
+			s.name("tcp_closing"), t.TCPClosing, s.name("tcp"), t.TCP)
+	}
+}
+
+func countFamily(addrs []netip.Addr, v4 bool) int {
+	n := 0
+	for _, a := range addrs {
+		if a.Is4() == v4 {
+			n++
+		}
+	}
+	return n
 }
 
 func parseAttach(s string) (Attach, error) {

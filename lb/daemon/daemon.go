@@ -9,6 +9,7 @@ package daemon
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -48,11 +49,11 @@ type Daemon struct {
 	log     *slog.Logger
 	started time.Time
 
-	cfg    *config.Config // last good configuration; control loop only
-	dp     *datapath.LB
-	rec    *reconciler.Reconciler
-	merger *discovery.Merger
-	file   *file.Source
+	cfg       *config.Config // last good configuration; control loop only
+	dp        *datapath.LB
+	rec       *reconciler.Reconciler
+	merger    *discovery.Merger
+	file      *file.Source
 	snaps     chan discovery.Snapshot
 	reload    chan chan error
 	requests  chan request
@@ -60,20 +61,24 @@ type Daemon struct {
 
 	view atomic.Pointer[view]
 
+	// The Consul source, when configured (consul.go).
+	consulRun atomic.Pointer[consulRun]
+	consulCtx context.Context // control loop only
+
 	mu         sync.Mutex
 	lastReload api.Reload
 }
 
 // view is what the API reads: replaced as a whole after every change.
 type view struct {
-	services  []lb.Service // desired, defaults resolved, overrides applied
+	services []lb.Service // desired, defaults resolved, overrides applied
 	// configStates are the sources' states of overridden backends.
 	configStates map[overrideKey]lb.BackendState
-	conflicts []string
-	rejected  []string
-	recErr    string
-	state     reconciler.State
-	cfg       *config.Config
+	conflicts    []string
+	rejected     []string
+	recErr       string
+	state        reconciler.State
+	cfg          *config.Config
 }
 
 // New loads and validates the configuration; nothing touches the kernel yet.
@@ -89,12 +94,12 @@ func New(opts Options) (*Daemon, error) {
 		}
 	}
 	d := &Daemon{
-		opts:    opts,
-		log:     opts.Log,
-		started: time.Now(),
-		cfg:     cfg,
-		merger:  discovery.NewMerger(),
-		file:    file.New(opts.ConfigPath),
+		opts:     opts,
+		log:      opts.Log,
+		started:  time.Now(),
+		cfg:      cfg,
+		merger:   discovery.NewMerger(),
+		file:     file.New(opts.ConfigPath),
 		snaps:    make(chan discovery.Snapshot, 16),
 		reload:   make(chan chan error),
 		requests: make(chan request),
@@ -120,7 +125,17 @@ func datapathConfig(cfg *config.Config, log *slog.Logger) datapath.Config {
 		MaxBackends:    cfg.Datapath.MaxBackends,
 		ConntrackMax:   cfg.Datapath.ConntrackMax,
 		KeepNeighbours: true,
-		Log:            log,
+		SNATAddresses:  cfg.Datapath.SNATAddresses,
+		SNATInterfaces: cfg.Datapath.Interfaces,
+		SNATPortMin:    cfg.Datapath.SNATPortMin,
+		SNATPortMax:    cfg.Datapath.SNATPortMax,
+		SNATMax:        cfg.Datapath.SNATMax,
+		SNATTimeouts: datapath.SNATTimeouts{
+			TCP:        cfg.Datapath.SNATTimeouts.TCP,
+			TCPClosing: cfg.Datapath.SNATTimeouts.TCPClosing,
+			UDP:        cfg.Datapath.SNATTimeouts.UDP,
+		},
+		Log: log,
 	}
 }
 
@@ -154,6 +169,12 @@ func (d *Daemon) Run(ctx context.Context) error {
 	}
 	d.rec = rec
 
+	stopConsul, err := d.startConsul(ctx)
+	if err != nil {
+		return err
+	}
+	defer stopConsul()
+
 	// Program the configuration before attaching, so the first packet the
 	// program sees already finds its service.
 	d.merger.Update(discovery.Snapshot{Source: d.file.Name(), Services: cfg.Services})
@@ -186,6 +207,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 		_ = d.file.Run(ctx, d.snaps)
 	}()
 	d.watchdog(ctx, &wg)
+	d.watchConfig(ctx, &wg, 2*time.Second)
 
 	notify(sddaemon.SdNotifyReady)
 	d.log.Info("l4lbd ready", "interfaces", cfg.Datapath.Interfaces, "services", len(d.view.Load().services))
@@ -251,6 +273,10 @@ func (d *Daemon) loop(ctx context.Context) error {
 			d.merger.Update(snap)
 		case req := <-d.requests:
 			err := req.f()
+			if req.ping {
+				req.done <- err
+				continue
+			}
 			aerr := d.apply()
 			req.done <- err
 			if aerr != nil {
@@ -308,6 +334,10 @@ func (d *Daemon) doReload() error {
 	cfg.Daemon = d.cfg.Daemon
 	cfg.Datapath.Interfaces = d.cfg.Datapath.Interfaces
 	cfg.Maglev.Seed = d.cfg.Maglev.Seed
+	if err := d.reloadConsul(cfg); err != nil {
+		d.log.Error("configuration rejected; the previous one keeps serving", "file", d.opts.ConfigPath, "error", err)
+		return err
+	}
 	d.cfg = cfg
 	d.merger.Update(discovery.Snapshot{Source: d.file.Name(), Services: cfg.Services})
 	d.log.Info("configuration reloaded", "file", d.opts.ConfigPath, "services", len(cfg.Services))
@@ -343,6 +373,11 @@ func restartOnly(old, cur *config.Config) []string {
 		old.Datapath.MaxBackends != cur.Datapath.MaxBackends {
 		out = append(out, "datapath capacities (conntrack_max, max_services, max_backends)")
 	}
+	if !slices.Equal(old.Datapath.SNATAddresses, cur.Datapath.SNATAddresses) || old.Datapath.SNATPortMin != cur.Datapath.SNATPortMin ||
+		old.Datapath.SNATPortMax != cur.Datapath.SNATPortMax || old.Datapath.SNATMax != cur.Datapath.SNATMax ||
+		old.Datapath.SNATTimeouts != cur.Datapath.SNATTimeouts {
+		out = append(out, "datapath SNAT settings (snat_addresses, snat_port_range, snat_max, snat_timeouts)")
+	}
 	if old.Daemon.AdminSocket != cur.Daemon.AdminSocket || old.Daemon.BPFFS != cur.Daemon.BPFFS ||
 		!slices.Equal(old.Daemon.MetricsListen, cur.Daemon.MetricsListen) {
 		out = append(out, "daemon.*")
@@ -370,7 +405,8 @@ func (d *Daemon) apply() error {
 			}
 		}
 		svc = d.overrides.apply(svc, seen)
-		if err := datapath.Supported(svc); err != nil {
+		// The datapath's own check also knows its SNAT addresses.
+		if err := d.dp.Supported(svc); err != nil {
 			rejected = append(rejected, fmt.Sprintf("service %q (%s): %v", svc.Name, svc.Source, err))
 			continue
 		}
@@ -418,8 +454,9 @@ func notify(state string) {
 	_, _ = sddaemon.SdNotify(false, state)
 }
 
-// watchdog pings systemd at half the WatchdogSec interval while the
-// control loop answers.
+// watchdog pings systemd at half the WatchdogSec interval, each time after
+// the control loop answered a no-op: a wedged loop stops the pings and
+// systemd restarts l4lbd (the datapath forwards meanwhile).
 func (d *Daemon) watchdog(ctx context.Context, wg *sync.WaitGroup) {
 	interval, err := sddaemon.SdWatchdogEnabled(false)
 	if err != nil || interval == 0 {
@@ -435,10 +472,56 @@ func (d *Daemon) watchdog(ctx context.Context, wg *sync.WaitGroup) {
 			case <-ctx.Done():
 				return
 			case <-t.C:
-				notify(sddaemon.SdNotifyWatchdog)
+				pctx, cancel := context.WithTimeout(ctx, interval/2)
+				err := d.ping(pctx)
+				cancel()
+				if err == nil {
+					notify(sddaemon.SdNotifyWatchdog)
+				} else if ctx.Err() == nil {
+					d.log.Error("control loop did not answer; not feeding the systemd watchdog", "error", err)
+				}
 			}
 		}
 	}()
+}
+
+// watchConfig reloads when the configuration file's content changes, as
+// SIGHUP does. It polls (every `every`): that also catches editors that
+// replace the file, and costs a read of a small file. A content that failed
+// to load is not retried until it changes again.
+func (d *Daemon) watchConfig(ctx context.Context, wg *sync.WaitGroup, every time.Duration) {
+	last := fileDigest(d.opts.ConfigPath)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			cur := fileDigest(d.opts.ConfigPath)
+			if cur == "" || cur == last {
+				continue
+			}
+			last = cur
+			d.log.Info("configuration file changed; reloading", "file", d.opts.ConfigPath)
+			if err := d.Reload(ctx); err != nil && ctx.Err() == nil {
+				d.log.Error("reload after a change of the file failed; the previous configuration keeps serving", "error", err)
+			}
+		}
+	}()
+}
+
+func fileDigest(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	sum := sha256.Sum256(b)
+	return string(sum[:])
 }
 
 // Cleanup detaches and unpins everything l4lbd left under the configured

@@ -167,8 +167,26 @@ func (d *Daemon) do(ctx context.Context, f func() error) error {
 	}
 }
 
+// ping waits until the control loop is free: proof it is not wedged.
+func (d *Daemon) ping(ctx context.Context) error {
+	done := make(chan error, 1)
+	select {
+	case d.requests <- request{f: func() error { return nil }, done: done, ping: true}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
 // request is work for the control loop.
 type request struct {
 	f    func() error
 	done chan error
+	// ping: run f only, no reconcile.
+	ping bool
 }

@@ -34,6 +34,7 @@ func (d *Daemon) Status() api.Status {
 		Conflicts:       v.conflicts,
 		Rejected:        v.rejected,
 		ReconcileError:  v.recErr,
+		Discovery:       d.discoveryStatus(),
 	}
 	for _, s := range v.state.Services {
 		st.Backends += len(s.Backends)

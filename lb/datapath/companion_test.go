@@ -34,11 +34,11 @@ type companion struct {
 func newCompanion(t *testing.T) *companion {
 	t.Helper()
 	testnet.RequireRoot(t)
-	c, err := datapath.LoadCompanion("", nil)
+	c, err := datapath.LoadCompanion(datapath.CompanionConfig{MaxFlows: 1024})
 	if err != nil {
 		t.Fatalf("load companion: %v", err)
 	}
-	t.Cleanup(func() { c.Close("") })
+	t.Cleanup(func() { c.Close() })
 	if err := c.SetVIPs([]netip.Addr{vip4, vip6}); err != nil {
 		t.Fatalf("set VIPs: %v", err)
 	}

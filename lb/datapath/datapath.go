@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -52,7 +53,22 @@ type Config struct {
 	// KeepNeighbours makes the datapath keep a managed neighbour entry for
 	// every backend's next hop, so traffic never waits for ARP / ND.
 	KeepNeighbours bool
-	Log            *slog.Logger
+	// SNATAddresses are the source addresses of SNAT-ed packets, at most
+	// MaxSNATAddresses per family; each flow gets one of its family, picked
+	// by the flow hash. When empty, Load takes the primary address of each
+	// family of SNATInterfaces (InterfaceAddresses). A family without any
+	// cannot serve SNAT services: (*LB).Supported refuses them.
+	SNATAddresses  []netip.Addr
+	SNATInterfaces []string
+	// SNATPortMin and SNATPortMax bound the SNAT source ports, inclusive;
+	// both zero take DefaultSNATPortMin / DefaultSNATPortMax.
+	SNATPortMin, SNATPortMax uint16
+	// SNATMax is the capacity of each SNAT table; 0 takes ConntrackMax.
+	SNATMax uint32
+	// SNATTimeouts are the idle timeouts of SNAT bindings; zero fields take
+	// DefaultSNATTimeouts.
+	SNATTimeouts SNATTimeouts
+	Log          *slog.Logger
 }
 
 // Default encapsulation source prefixes. 172.16.0.0/16 and 100::/64 (the
@@ -76,6 +92,8 @@ type LB struct {
 	backends     *ebpf.Map
 	maglev       *ebpf.Map
 	conntrack    *ebpf.Map
+	snatFwd      *ebpf.Map
+	snatRev      *ebpf.Map
 	svcStats     *ebpf.Map
 	backendStats *ebpf.Map
 	reasons      *ebpf.Map
@@ -109,20 +127,24 @@ func Load(cfg Config) (*LB, error) {
 	if cfg.MaxServices == 0 || cfg.MaxBackends == 0 || cfg.ConntrackMax == 0 {
 		return nil, fmt.Errorf("datapath: max_services, max_backends and conntrack_max must be positive")
 	}
+	cfg = resolveSNATAddresses(withSNATDefaults(cfg))
 	spec, err := bpf.LoadLb()
 	if err != nil {
 		return nil, fmt.Errorf("datapath: read embedded LB object: %w", err)
 	}
+	cpus, err := ebpf.PossibleCPU()
+	if err != nil {
+		return nil, fmt.Errorf("datapath: count CPUs: %w", err)
+	}
 	if err := configure(spec, cfg); err != nil {
 		return nil, err
+	}
+	for _, name := range []string{bpf.LbMapSnatFwd, bpf.LbMapSnatRev} {
+		spec.Maps[name].MaxEntries = snatMapSize(cfg.SNATMax, cpus)
 	}
 	names, err := enumNames(spec.Types, "l4lb_reason", "L4LB_R_")
 	if err != nil {
 		return nil, err
-	}
-	cpus, err := ebpf.PossibleCPU()
-	if err != nil {
-		return nil, fmt.Errorf("datapath: count CPUs: %w", err)
 	}
 
 	coll, err := newCollection("LB", spec, cfg.PinPath, linkDir)
@@ -139,6 +161,8 @@ func Load(cfg Config) (*LB, error) {
 		backends:     coll.Maps[bpf.LbMapBackends],
 		maglev:       coll.Maps[bpf.LbMapMaglev],
 		conntrack:    coll.Maps[bpf.LbMapConntrack],
+		snatFwd:      coll.Maps[bpf.LbMapSnatFwd],
+		snatRev:      coll.Maps[bpf.LbMapSnatRev],
 		svcStats:     coll.Maps[bpf.LbMapSvcStats],
 		backendStats: coll.Maps[bpf.LbMapBackendStats],
 		reasons:      coll.Maps[bpf.LbMapReasons],
@@ -218,6 +242,11 @@ func configure(spec *ebpf.CollectionSpec, cfg Config) error {
 		bpf.LbVarCfgEncapSrc6:         src6,
 		bpf.LbVarCfgEncapSrc6HostMask: mask6,
 	}
+	snat, err := snatVars(cfg)
+	if err != nil {
+		return err
+	}
+	maps.Copy(vars, snat)
 	for name, v := range vars {
 		vs, ok := spec.Variables[name]
 		if !ok {

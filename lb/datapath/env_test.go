@@ -121,6 +121,12 @@ type env struct {
 type envOptions struct {
 	// conntrackMax is the connection table's size; 0 means 4096.
 	conntrackMax uint32
+	// snatAddrs are the SNAT addresses; nil means lb0's, lbAddr4 and
+	// lbAddr6. The SNAT port range and timeouts keep the datapath's
+	// defaults where zero.
+	snatAddrs                []netip.Addr
+	snatPortMin, snatPortMax uint16
+	snatTimeouts             datapath.SNATTimeouts
 }
 
 type xdpMD struct {
@@ -129,7 +135,7 @@ type xdpMD struct {
 
 func newEnv(t *testing.T) *env { return newEnvWith(t, envOptions{}) }
 
-func newEnvWith(t *testing.T, o envOptions) *env {
+func newEnvWith(t testing.TB, o envOptions) *env {
 	t.Helper()
 	testnet.RequireRoot(t)
 	if o.conntrackMax == 0 {
@@ -145,12 +151,19 @@ func newEnvWith(t *testing.T, o envOptions) *env {
 	for _, b := range append(append([]netip.Addr{}, backends4...), backends6...) {
 		ns.AddNeigh(t, "lb0", b.String(), backendMAC(b))
 	}
+	if o.snatAddrs == nil {
+		o.snatAddrs = []netip.Addr{lbAddr4, lbAddr6}
+	}
 	lbd, err := datapath.Load(datapath.Config{
-		Seed:         testSeed,
-		MaxServices:  64,
-		MaxBackends:  256,
-		ConntrackMax: o.conntrackMax,
-		Log:          slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		Seed:          testSeed,
+		MaxServices:   64,
+		MaxBackends:   256,
+		ConntrackMax:  o.conntrackMax,
+		SNATAddresses: o.snatAddrs,
+		SNATPortMin:   o.snatPortMin,
+		SNATPortMax:   o.snatPortMax,
+		SNATTimeouts:  o.snatTimeouts,
+		Log:           slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	})
 	if err != nil {
 		t.Fatalf("load datapath: %v", err)
@@ -165,6 +178,104 @@ func newEnvWith(t *testing.T, o envOptions) *env {
 type result struct {
 	verdict uint32
 	out     []byte
+}
+
+// hook selects the entry point a packet test runs: the XDP program or the
+// tc (tcx ingress) one. Tests of a path loop over hooks.
+type hook int
+
+const (
+	hookXDP hook = iota
+	hookTC
+)
+
+var hooks = []hook{hookXDP, hookTC}
+
+func (k hook) String() string {
+	if k == hookTC {
+		return "tc"
+	}
+	return "xdp"
+}
+
+// tc verdicts besides tcxNext (companion_test.go).
+const (
+	tcxDrop       = uint32(2)
+	tcActRedirect = uint32(7)
+)
+
+// tx, pass and drop are the hook's verdicts for a packet sent back out of
+// lb0, handed to the stack, or dropped.
+func (k hook) tx() uint32 {
+	if k == hookTC {
+		return tcActRedirect
+	}
+	return xdpTX
+}
+
+func (k hook) pass() uint32 {
+	if k == hookTC {
+		return tcxNext
+	}
+	return xdpPass
+}
+
+func (k hook) drop() uint32 {
+	if k == hookTC {
+		return tcxDrop
+	}
+	return xdpDrop
+}
+
+func (k hook) verdictName(v uint32) string {
+	if k == hookXDP {
+		return verdictName(v)
+	}
+	switch v {
+	case tcxNext:
+		return "TCX_NEXT"
+	case tcxDrop:
+		return "TCX_DROP"
+	case tcActRedirect:
+		return "TC_ACT_REDIRECT"
+	}
+	return fmt.Sprintf("tc verdict %d", int32(v))
+}
+
+// skbContext is a struct __sk_buff (192 bytes) for a tc test run with only
+// ifindex (byte offset 40) set: the interface bpf_fib_lookup routes from
+// and the skb's device.
+func skbContext(ifindex int) []byte {
+	ctx := make([]byte, 192)
+	binary.LittleEndian.PutUint32(ctx[40:], uint32(ifindex))
+	return ctx
+}
+
+// runOn runs the program of hook k once on frame, as received on lb0.
+func (e *env) runOn(t testing.TB, k hook, frame []byte) result {
+	t.Helper()
+	if k == hookXDP {
+		return e.run(t, frame)
+	}
+	var res result
+	err := e.ns.Do(func() error {
+		opts := &ebpf.RunOptions{
+			Data:    frame,
+			DataOut: make([]byte, len(frame)+256),
+			Context: skbContext(e.ifindex),
+			Repeat:  1,
+		}
+		v, err := e.lb.ProgramTC().Run(opts)
+		if err != nil {
+			return fmt.Errorf("%d-byte frame: %w", len(frame), err)
+		}
+		res = result{verdict: v, out: opts.DataOut}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("run tc program: %v", err)
+	}
+	return res
 }
 
 // run runs the XDP program once on frame, as received on lb0.

@@ -79,15 +79,20 @@ func svcKey(fe lb.Frontend) bpf.LbSvcKey {
 // Supported reports whether this datapath can forward svc as configured;
 // the daemon checks it before a service reaches the reconciler so an
 // unsupported combination is refused with a clear error up front.
+// (*LB).Supported adds what depends on the loaded datapath's settings.
 func Supported(svc lb.Service) error {
 	mode := svc.ModeFor(svc.Frontend.Proto)
 	switch mode {
+	case lb.ModeSNAT:
+		// Needs a SNAT address of the VIP's family: (*LB).Supported.
 	case lb.ModeDSR:
-		if svc.Dispatch != lb.DispatchIPIP {
-			return fmt.Errorf("DSR dispatch %q is not supported by this datapath yet (use ipip)", svc.Dispatch)
+		switch svc.Dispatch {
+		case lb.DispatchIPIP, lb.DispatchGeneve, lb.DispatchOpt:
+		default:
+			return fmt.Errorf("DSR dispatch %q is not supported by this datapath (use ipip, geneve or opt)", svc.Dispatch)
 		}
 	default:
-		return fmt.Errorf("mode %q for %s is not supported by this datapath yet (use dsr with ipip)", mode, svc.Frontend.Proto)
+		return fmt.Errorf("mode %q for %s is not supported by this datapath (use snat, dsr or hybrid)", mode, svc.Frontend.Proto)
 	}
 	if svc.Affinity.ClientIP {
 		return errors.New("session affinity is not supported by this datapath yet")
@@ -128,6 +133,9 @@ func (d *LB) SetService(id reconciler.ServiceID, svc lb.Service) error {
 	v, err := svcValue(id, svc)
 	if err != nil {
 		return err
+	}
+	if err := d.snatReady(svc); err != nil {
+		return fmt.Errorf("service %s: %w", svc.Frontend, err)
 	}
 	k := svcKey(svc.Frontend)
 	if err := d.services.Update(&k, &v, ebpf.UpdateAny); err != nil {

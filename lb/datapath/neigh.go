@@ -101,10 +101,19 @@ func (n *neighbours) resolve(addr netip.Addr, h *hop) {
 	if r.Type == 2 /* RTN_LOCAL */ || h.link == 0 {
 		return
 	}
-	// An entry that is already permanent (static) is the operator's.
+	// An entry that is already permanent (static) is the operator's; one
+	// already managed (ours, from before a restart) is left alone, since
+	// replacing it would send it back through resolution.
 	if existing, err := netlink.NeighList(h.link, family(h.ip)); err == nil {
 		for _, e := range existing {
-			if e.IP.Equal(net.IP(h.ip.AsSlice())) && e.State&netlink.NUD_PERMANENT != 0 {
+			if !e.IP.Equal(net.IP(h.ip.AsSlice())) {
+				continue
+			}
+			if e.FlagsExt&netlink.NTF_EXT_MANAGED != 0 {
+				h.owned = true
+				return
+			}
+			if e.State&netlink.NUD_PERMANENT != 0 {
 				return
 			}
 		}

@@ -34,6 +34,9 @@ var (
 		bpf.LbMapBackendStats: {size(uint32(0)), size(bpf.LbLbStats{})},
 		bpf.LbMapReasons:      {size(uint32(0)), size(bpf.LbReasonStats{})},
 		bpf.LbMapTxPorts:      {size(uint32(0)), size(uint32(0))},
+		bpf.LbMapSnatFwd:      {size(bpf.LbFlowKey{}), size(bpf.LbSnatFwdValue{})},
+		bpf.LbMapSnatRev:      {size(bpf.LbSnatRevKey{}), size(bpf.LbSnatRevValue{})},
+		bpf.LbMapSnatScratch:  {size(uint32(0)), size(bpf.LbSnatWork{})},
 	}
 	// One Maglev chunk: maglevChunk backend ids.
 	maglevInnerLayout = mapLayout{size(uint32(0)), datapath.MaglevChunk * size(uint32(0))}
@@ -41,6 +44,7 @@ var (
 	backendLayouts = map[string]mapLayout{
 		bpf.BackendMapVips:           {size([16]byte{}), size(uint8(0))},
 		bpf.BackendMapBackendReasons: {size(uint32(0)), size(bpf.BackendReasonStats{})},
+		bpf.BackendMapOptFlows:       {size(bpf.BackendOptFlowKey{}), size(bpf.BackendOptFlowValue{})},
 	}
 )
 
@@ -156,11 +160,14 @@ func TestMapLayoutsLoaded(t *testing.T) {
 		t.Errorf("a reason has no name: %q", names)
 	}
 
-	c, err := datapath.LoadCompanion("", nil)
+	c, err := datapath.LoadCompanion(datapath.CompanionConfig{MaxFlows: 4096})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close("")
+	defer c.Close()
+	if got := c.Maps()[bpf.BackendMapOptFlows].MaxEntries(); got != 4096 {
+		t.Errorf("companion opt flow table holds %d entries, want the configured 4096", got)
+	}
 	checkLayouts(t, "loaded companion", loadedLayouts(c.Maps()), backendLayouts)
 	counters, err := c.Counters()
 	if err != nil {

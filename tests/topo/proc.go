@@ -119,27 +119,56 @@ type L4LBD struct {
 	Socket string
 	PinDir string
 	bin    string
+	// wrapper and args reproduce the command line on Restart.
+	wrapper []string
+	args    []string
+}
+
+func (d *L4LBD) start() {
+	argv := append(append(append([]string{}, d.wrapper...), d.bin, "--config", d.Config), d.args...)
+	d.Proc = d.Host.Start(argv[0], argv[1:]...)
+}
+
+// Restart stops l4lbd with SIGTERM and starts it again with the same
+// command line, then waits until it answers.
+func (d *L4LBD) Restart() {
+	t := d.Host.top.T
+	t.Helper()
+	if err := d.Stop(); err != nil {
+		t.Fatalf("%s: stop l4lbd: %v\n%s", d.Host.Name, err, d.Log())
+	}
+	d.start()
+	d.WaitReady()
 }
 
 // StartL4LBD writes config to the topology's directory and starts l4lbd
 // with it in h's namespace, then waits until its admin API answers.
 // config may use {{socket}} and {{bpffs}}, replaced by per-host paths.
 func (h *Host) StartL4LBD(bin, config string, extraArgs ...string) *L4LBD {
+	h.top.T.Helper()
+	return h.StartL4LBDWrapped(nil, bin, config, extraArgs...)
+}
+
+// StartL4LBDWrapped is StartL4LBD with l4lbd run under a wrapper command
+// (e.g. setpriv with a capability set).
+func (h *Host) StartL4LBDWrapped(wrapper []string, bin, config string, extraArgs ...string) *L4LBD {
 	t := h.top.T
 	t.Helper()
 	d := &L4LBD{
-		Host:   h,
-		Config: filepath.Join(h.top.Dir, h.Name+".toml"),
-		Socket: filepath.Join(h.top.Dir, h.Name+".sock"),
-		PinDir: filepath.Join(h.top.PinRoot, h.Name),
-		bin:    bin,
+		wrapper: wrapper,
+		args:    extraArgs,
+		Host:    h,
+		Config:  filepath.Join(h.top.Dir, h.Name+".toml"),
+		Socket:  filepath.Join(h.top.Dir, h.Name+".sock"),
+		PinDir:  filepath.Join(h.top.PinRoot, h.Name),
+		bin:     bin,
 	}
 	d.WriteConfig(config)
 	// A config may name its own socket and bpffs directory.
 	if cfg, err := lbconfig.Load(d.Config, lbconfig.Options{Dev: true}); err == nil {
 		d.Socket, d.PinDir = cfg.Daemon.AdminSocket, cfg.Daemon.BPFFS
 	}
-	d.Proc = h.Start(bin, append([]string{"--config", d.Config}, extraArgs...)...)
+	d.start()
 	t.Cleanup(func() {
 		// Pins outlive the process on purpose (hitless restart): the
 		// test removes them.

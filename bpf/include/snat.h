@@ -1,0 +1,573 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * SNAT: full NAT on the LB.
+ *
+ * Forward (client -> VIP): the backend is chosen as for every mode
+ * (select_backend); the flow then gets a binding, one (SNAT address, SNAT
+ * port), and the packet leaves as SNAT:port -> backend:port. Replies come
+ * back to the LB as backend:port -> SNAT:port and leave as VIP:port ->
+ * client:port. Both directions decrement the TTL / hop limit (the LB is a
+ * router hop here) and update the IPv4 header checksum and the TCP/UDP
+ * checksum incrementally (RFC 1624); an IPv4 UDP checksum of 0 (none) stays
+ * 0, an IPv6 one is always updated.
+ *
+ * Tables (maps.h): snat_fwd (client flow_key -> binding, backend) and
+ * snat_rev (backend addr:port, SNAT addr:port, proto -> client, VIP). A
+ * binding is unique per (backend addr:port, SNAT addr:port, proto), the
+ * tuple the backend sees, so the port space is per backend and SNAT address.
+ *
+ * Allocation: the SNAT address is the family's configured address picked by
+ * the flow hash; the port starts at a point of the configured range picked by
+ * the flow hash and probes the next SNAT_PROBES ports. A candidate is claimed
+ * by inserting its snat_rev entry with BPF_NOEXIST, which the kernel makes
+ * atomic across CPUs, so two flows can never hold one tuple; the snat_fwd
+ * entry is written after. No free candidate: drop_snat_exhausted. Probing
+ * looks each candidate up before trying to insert it, because a failed
+ * insert into an LRU map still takes (and may evict for) a free node. It runs
+ * in a bpf_loop callback, and keys and values live in the per-CPU
+ * snat_scratch map: unrolled, or on the stack, they cost the verifier most
+ * of a second and the program most of its 512 bytes of stack.
+ *
+ * Liveness: snat_rev is the authority. Both directions refresh its last_seen
+ * and state; a binding idle past its state's timeout (config.h) is dead, and
+ * found on lookup it is replaced as if absent. A FIN or RST either way moves
+ * a TCP binding to the closing timeout; a binding made by a SYN keeps that
+ * short timeout until the client's first ACK, so spoofed SYNs hold ports
+ * briefly.
+ *
+ * Eviction (both maps are LRU): losing one half of a live binding is
+ * repaired from the other. A lost snat_rev entry is claimed back by the next
+ * client packet, unless another flow took the port meanwhile (then the flow
+ * gets a new port); a lost snat_fwd entry is found again by the probe, which
+ * starts at the same hashed port and recognises the flow's own entry.
+ */
+#ifndef L4LB_SNAT_H
+#define L4LB_SNAT_H
+
+#include "config.h"
+#include "conntrack.h"
+#include "csum.h"
+#include "forward.h"
+#include "hook.h"
+#include "maps.h"
+#include "parse.h"
+#include "stats.h"
+
+/* Ports tried per new binding before giving up. */
+#define SNAT_PROBES 32
+
+/* last_seen is refreshed when older than a sixteenth of the timeout, but at
+ * least this often: accurate expiry without a write per packet to a cache
+ * line both directions of the flow read. */
+#define SNAT_REFRESH_MAX_NS 1000000000ULL
+
+#ifndef TCP_FLAG_FIN
+#define TCP_FLAG_FIN 0x01
+#endif
+#ifndef TCP_FLAG_RST
+#define TCP_FLAG_RST 0x04
+#endif
+
+/* Compare two 16-byte addresses held in 8-byte aligned storage. */
+static __always_inline int snat_addr_eq(const __u8 a[16], const __u8 b[16])
+{
+	const __u64 *x = (const __u64 *)a, *y = (const __u64 *)b;
+
+	return x[0] == y[0] && x[1] == y[1];
+}
+
+static __always_inline __u64 snat_timeout(__u8 proto, __u32 state)
+{
+	if (proto != IPPROTO_TCP)
+		return cfg_snat_udp_ns;
+	if (state == L4LB_SNAT_OPEN)
+		return cfg_snat_tcp_ns;
+	return cfg_snat_tcp_closing_ns;
+}
+
+/* A last_seen written by another CPU may be a tick ahead of now. */
+static __always_inline int snat_expired(__u64 now, __u64 last_seen, __u8 proto, __u32 state)
+{
+	return now > last_seen && now - last_seen > snat_timeout(proto, state);
+}
+
+static __always_inline void snat_touch(__u64 *last_seen, __u64 now, __u8 proto, __u32 state)
+{
+	__u64 step = snat_timeout(proto, state) >> 4;
+
+	if (step > SNAT_REFRESH_MAX_NS)
+		step = SNAT_REFRESH_MAX_NS;
+	if (now > *last_seen && now - *last_seen > step)
+		*last_seen = now;
+}
+
+/* State of a binding a client packet (protocol, TCP flags) creates. */
+static __always_inline __u32 snat_new_state(__u8 proto, __u8 flags)
+{
+	if (proto != IPPROTO_TCP)
+		return L4LB_SNAT_OPEN;
+	if (flags & (TCP_FLAG_FIN | TCP_FLAG_RST))
+		return L4LB_SNAT_CLOSING;
+	if ((flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN)
+		return L4LB_SNAT_SYN;
+	return L4LB_SNAT_OPEN;
+}
+
+/* State of a live binding after a packet from the client or the backend. */
+static __always_inline __u32 snat_next_state(__u8 proto, __u8 flags, __u32 state, int from_client)
+{
+	if (proto != IPPROTO_TCP)
+		return L4LB_SNAT_OPEN;
+	if (flags & (TCP_FLAG_FIN | TCP_FLAG_RST))
+		return L4LB_SNAT_CLOSING;
+	if (!from_client)
+		return state;
+	/* A new SYN on a closing binding: the client reuses its port for a
+	 * new connection, which starts half-open again. */
+	if ((flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN)
+		return state == L4LB_SNAT_OPEN ? L4LB_SNAT_OPEN : L4LB_SNAT_SYN;
+	if (state == L4LB_SNAT_SYN && (flags & TCP_FLAG_ACK))
+		return L4LB_SNAT_OPEN;
+	return state;
+}
+
+/* Does the reverse entry belong to the client flow of p? */
+static __always_inline int snat_owns(const struct snat_rev_value *rv, const struct packet *p)
+{
+	return snat_addr_eq(rv->client_addr, p->key.src) && snat_addr_eq(rv->vip, p->key.dst) &&
+	       rv->client_port == p->key.sport && rv->vip_port == p->key.dport;
+}
+
+/* Do two reverse entries describe the same client flow (client and VIP)? */
+static __always_inline int snat_same_flow(const struct snat_rev_value *a, const struct snat_rev_value *b)
+{
+	return snat_addr_eq(a->client_addr, b->client_addr) && snat_addr_eq(a->vip, b->vip) &&
+	       a->client_port == b->client_port && a->vip_port == b->vip_port;
+}
+
+_Static_assert((SNAT_ADDRS_MAX & (SNAT_ADDRS_MAX - 1)) == 0, "snat_pick_addr masks with SNAT_ADDRS_MAX - 1");
+
+/* The family's SNAT address for a flow hash; -1 when it has none. */
+static __always_inline int snat_pick_addr(__u8 family, __u32 hash, __u8 out[16])
+{
+	__u32 n = family == 4 ? cfg_snat_addr4_count : cfg_snat_addr6_count;
+	__u32 i;
+
+	if (n == 0 || n > SNAT_ADDRS_MAX)
+		return -1;
+	i = (hash >> 16) % n;
+	/* Clang knows i < n <= 16 and drops a bounds check; the verifier
+	 * must be told, and a mask (SNAT_ADDRS_MAX is a power of two) on the
+	 * register clang uses is what it sees. */
+	barrier_var(i);
+	i &= SNAT_ADDRS_MAX - 1;
+	if (family == 4) {
+		addr_from_v4(out, cfg_snat_addr4[i]);
+	} else {
+		const volatile __u32 *w = (const volatile __u32 *)cfg_snat_addr6 + i * 4;
+		__u32 *o = (__u32 *)out;
+
+		o[0] = w[0];
+		o[1] = w[1];
+		o[2] = w[2];
+		o[3] = w[3];
+	}
+	return 0;
+}
+
+/*
+ * Cheap gate of the reply path, which every packet to no frontend takes:
+ * is the destination one of our SNAT addresses, on a port of the range?
+ */
+static __always_inline int snat_is_ours(const struct packet *p)
+{
+	__u16 port = bpf_ntohs(p->key.dport);
+
+	if (port < cfg_snat_port_min || port > cfg_snat_port_max)
+		return 0;
+	if (p->family == 4) {
+		__be32 a = addr_to_v4(p->key.dst);
+
+		for (__u32 i = 0; i < SNAT_ADDRS_MAX; i++) {
+			if (i >= cfg_snat_addr4_count)
+				break;
+			if (cfg_snat_addr4[i] == a)
+				return 1;
+		}
+		return 0;
+	}
+	const __u32 *d = (const __u32 *)p->key.dst;
+	const volatile __u32 *w = (const volatile __u32 *)cfg_snat_addr6;
+
+	for (__u32 i = 0; i < SNAT_ADDRS_MAX; i++) {
+		if (i >= cfg_snat_addr6_count)
+			break;
+		if (w[i * 4] == d[0] && w[i * 4 + 1] == d[1] && w[i * 4 + 2] == d[2] && w[i * 4 + 3] == d[3])
+			return 1;
+	}
+	return 0;
+}
+
+/*
+ * Header offsets read back from struct packet are only known to the
+ * verifier as 16-bit values, too wide for it to accept a bounds check on
+ * the pointer they make; parse_packet never produces offsets this large.
+ */
+#define SNAT_OFF_MAX 0x3fff
+
+/* TTL / hop limit of p's packet would reach 0 here. */
+static __always_inline int snat_ttl_expired(const struct hook *h, const struct packet *p)
+{
+	void *data = hook_data(h);
+	void *data_end = hook_data_end(h);
+	__u32 off = p->l3_off;
+	__u8 *ttl;
+
+	if (off > SNAT_OFF_MAX)
+		return 1;
+	ttl = data + off + (p->family == 4 ? 8 : 7);
+	barrier_var(ttl);
+	if ((void *)(ttl + 1) > data_end)
+		return 1;
+	return *ttl <= 1;
+}
+
+/*
+ * Rewrite p's packet to src:sport -> dst:dport, decrement the TTL / hop
+ * limit and update the checksums. At XDP the checksum fields are updated
+ * directly. At tc the kernel's helper does the TCP/UDP one: it knows
+ * whether the skb carries a complete checksum or only the pseudo-header
+ * part for the NIC to finish (CHECKSUM_PARTIAL, where ports must not be
+ * folded in). Returns -1, or the reason for failing: parse_packet checked
+ * every bound again here, so that takes a kernel helper refusing.
+ */
+static __always_inline int nat_rewrite(const struct hook *h, const struct packet *p, const __u8 src[16],
+				       __be16 sport, const __u8 dst[16], __be16 dport)
+{
+	void *data = hook_data(h);
+	void *data_end = hook_data_end(h);
+	int udp = p->key.proto == IPPROTO_UDP;
+	__u32 l3_off = p->l3_off, l4_off = p->l4_off;
+	__u32 csum_off = l4_off + (udp ? __builtin_offsetof(struct udphdr, check) : __builtin_offsetof(struct tcphdr, check));
+	__u64 addrs = 0, ports;
+	__be16 *l4;
+
+	if (l3_off > SNAT_OFF_MAX || l4_off > SNAT_OFF_MAX)
+		return L4LB_R_DROP_SNAT_REWRITE;
+	if (p->family == 4) {
+		struct iphdr *iph = data + l3_off;
+		__be32 s = addr_to_v4(src), d = addr_to_v4(dst);
+		__u16 ttl_old, ttl_new;
+
+		barrier_var(iph);
+		if ((void *)(iph + 1) > data_end)
+			return L4LB_R_DROP_SNAT_REWRITE;
+		addrs = csum_delta32(iph->saddr, s) + csum_delta32(iph->daddr, d);
+		/* TTL and protocol share one 16-bit word of the header sum. */
+		ttl_old = *(__u16 *)&iph->ttl;
+		iph->ttl--;
+		ttl_new = *(__u16 *)&iph->ttl;
+		iph->check = csum_apply_delta(iph->check, addrs + csum_delta16(ttl_old, ttl_new));
+		iph->saddr = s;
+		iph->daddr = d;
+	} else {
+		struct ipv6hdr *ip6h = data + l3_off;
+		const __u32 *s = (const __u32 *)src, *d = (const __u32 *)dst;
+		__u32 *os, *od;
+
+		barrier_var(ip6h);
+		if ((void *)(ip6h + 1) > data_end)
+			return L4LB_R_DROP_SNAT_REWRITE;
+		os = (__u32 *)&ip6h->saddr;
+		od = (__u32 *)&ip6h->daddr;
+#pragma unroll
+		for (int i = 0; i < 4; i++) {
+			addrs += csum_delta32(os[i], s[i]) + csum_delta32(od[i], d[i]);
+			os[i] = s[i];
+			od[i] = d[i];
+		}
+		ip6h->hop_limit--;
+	}
+
+	l4 = data + l4_off;
+	barrier_var(l4);
+	if ((void *)(l4 + (udp ? 4 : 10)) > data_end)
+		return L4LB_R_DROP_SNAT_REWRITE;
+	ports = csum_delta16(l4[0], sport) + csum_delta16(l4[1], dport);
+	l4[0] = sport;
+	l4[1] = dport;
+
+	if (h->xdp) {
+		__sum16 *check = (__sum16 *)&l4[udp ? 3 : 8];
+		__sum16 c;
+
+		if (udp && p->family == 4 && *check == 0)
+			return -1;
+		c = csum_apply_delta(*check, addrs + ports);
+		/* 0 means "no checksum" in UDP; RFC 768 sends all ones. */
+		if (udp && c == 0)
+			c = 0xffff;
+		*check = c;
+	} else {
+		__u64 flags = 0;
+
+		if (udp)
+			flags = BPF_F_MARK_MANGLED_0 | (p->family == 6 ? BPF_F_MARK_ENFORCE : 0);
+		if (bpf_l4_csum_replace(hook_skb(h), csum_off, 0, csum_fold64(addrs), flags | BPF_F_PSEUDO_HDR) ||
+		    bpf_l4_csum_replace(hook_skb(h), csum_off, 0, csum_fold64(ports), flags))
+			return L4LB_R_DROP_SNAT_REWRITE;
+	}
+	return -1;
+}
+
+/*
+ * Port probing for a new binding, one candidate per bpf_loop iteration (the
+ * verifier checks the body once instead of once per candidate). data points
+ * to the CPU's struct snat_work pointer.
+ */
+static long snat_probe_port(__u32 i, void *data)
+{
+	struct snat_work *s = *(struct snat_work **)data;
+	struct snat_rev_value *cur;
+	__u8 proto = s->rk.proto;
+	__u32 port;
+
+	if (i >= s->range)
+		return 1;
+	port = s->start + i;
+	if (port >= s->range)
+		port -= s->range;
+	s->rk.snat_port = bpf_htons((__u16)(s->lo + port));
+	cur = bpf_map_lookup_elem(&snat_rev, &s->rk);
+	if (cur) {
+		if (snat_same_flow(cur, &s->rv)) {
+			/* The flow's own binding, whose forward half was lost. */
+			if (snat_expired(s->now, cur->last_seen, proto, cur->state))
+				cur->state = s->rv.state;
+			else
+				cur->state = snat_next_state(proto, s->flags, cur->state, 1);
+			cur->last_seen = s->now;
+			s->rv.state = cur->state;
+			s->claimed = 1;
+			return 1;
+		}
+		if (!snat_expired(s->now, cur->last_seen, proto, cur->state))
+			return 0;
+		/* Dead binding of another flow: its port is free again. That
+		 * flow's stale snat_fwd entry finds the port taken and moves
+		 * on, should the flow ever return. */
+		bpf_map_delete_elem(&snat_rev, &s->rk);
+	}
+	if (bpf_map_update_elem(&snat_rev, &s->rk, &s->rv, BPF_NOEXIST) == 0) {
+		s->claimed = 1;
+		return 1;
+	}
+	return 0;
+}
+
+/* The reverse entry of p's flow, to insert. */
+static __always_inline void snat_fill_rev(struct snat_work *s, const struct packet *p, __u32 svc_id, __u32 state)
+{
+	copy16(s->rv.client_addr, p->key.src);
+	copy16(s->rv.vip, p->key.dst);
+	s->rv.client_port = p->key.sport;
+	s->rv.vip_port = p->key.dport;
+	s->rv.svc_id = svc_id;
+	s->rv.last_seen = s->now;
+	s->rv.state = state;
+	s->rv.pad = 0;
+}
+
+/*
+ * Find or make the binding of p's flow to its backend in sel. Returns -1
+ * with the binding in *out (s->rk holds its SNAT address and port), or the
+ * reason for not having one.
+ */
+static __always_inline int snat_bind(const struct packet *p, const struct selection *sel, __u32 svc_id,
+				     struct snat_work **out)
+{
+	const struct backend *be = sel->be;
+	struct snat_fwd_value *fwd;
+	struct snat_rev_value *cur;
+	struct snat_work *s;
+	__u8 proto = p->key.proto;
+	__u32 lo = cfg_snat_port_min, hi = cfg_snat_port_max, zero = 0;
+
+	s = bpf_map_lookup_elem(&snat_scratch, &zero);
+	if (!s)
+		return L4LB_R_DROP_SNAT_REWRITE;
+	/* Every field is written before it is read (rv and fv only off the
+	 * fast path); keys and values go to maps whole, so their padding
+	 * must be zero too. */
+	s->rk.pad[0] = s->rk.pad[1] = s->rk.pad[2] = 0;
+	s->now = bpf_ktime_get_coarse_ns();
+	s->flags = p->tcp_flags;
+	copy16(s->rk.backend_addr, be->addr);
+	s->rk.backend_port = be->port;
+	s->rk.proto = proto;
+	*out = s;
+
+	fwd = bpf_map_lookup_elem(&snat_fwd, &p->key);
+	if (fwd && fwd->backend_id == sel->backend_id && snat_addr_eq(fwd->backend_addr, be->addr) &&
+	    fwd->backend_port == be->port) {
+		copy16(s->rk.snat_addr, fwd->snat_addr);
+		s->rk.snat_port = fwd->snat_port;
+		cur = bpf_map_lookup_elem(&snat_rev, &s->rk);
+		if (cur && snat_owns(cur, p)) {
+			if (!snat_expired(s->now, cur->last_seen, proto, cur->state)) {
+				__u32 st = snat_next_state(proto, s->flags, cur->state, 1);
+
+				if (st != cur->state)
+					cur->state = st;
+				if (st != fwd->state)
+					fwd->state = st;
+				snat_touch(&cur->last_seen, s->now, proto, st);
+				snat_touch(&fwd->last_seen, s->now, proto, st);
+				return -1;
+			}
+			/* Dead: replace it as if it were absent. */
+			bpf_map_delete_elem(&snat_rev, &s->rk);
+		} else if (!cur && !snat_expired(s->now, fwd->last_seen, proto, fwd->state)) {
+			/* The reverse half was evicted: claim the port back. */
+			snat_fill_rev(s, p, svc_id, snat_next_state(proto, s->flags, fwd->state, 1));
+			if (bpf_map_update_elem(&snat_rev, &s->rk, &s->rv, BPF_NOEXIST) == 0) {
+				fwd->state = s->rv.state;
+				fwd->last_seen = s->now;
+				return -1;
+			}
+		}
+	} else if (fwd) {
+		/* The flow changed backend: free its old tuple if still its own. */
+		copy16(s->rk.snat_addr, fwd->snat_addr);
+		copy16(s->rk.backend_addr, fwd->backend_addr);
+		s->rk.snat_port = fwd->snat_port;
+		s->rk.backend_port = fwd->backend_port;
+		cur = bpf_map_lookup_elem(&snat_rev, &s->rk);
+		if (cur && snat_owns(cur, p))
+			bpf_map_delete_elem(&snat_rev, &s->rk);
+		copy16(s->rk.backend_addr, be->addr);
+		s->rk.backend_port = be->port;
+	}
+
+	/* A new binding. */
+	if (hi < lo || snat_pick_addr(p->family, sel->hash, s->rk.snat_addr))
+		return L4LB_R_DROP_SNAT_EXHAUSTED;
+	s->lo = lo;
+	s->range = hi - lo + 1;
+	s->start = sel->hash % s->range;
+	s->claimed = 0;
+	snat_fill_rev(s, p, svc_id, snat_new_state(proto, s->flags));
+	bpf_loop(SNAT_PROBES, snat_probe_port, &s, 0);
+	if (!s->claimed)
+		return L4LB_R_DROP_SNAT_EXHAUSTED;
+
+	copy16(s->fv.snat_addr, s->rk.snat_addr);
+	copy16(s->fv.backend_addr, be->addr);
+	s->fv.snat_port = s->rk.snat_port;
+	s->fv.backend_port = be->port;
+	s->fv.backend_id = sel->backend_id;
+	s->fv.last_seen = s->now;
+	s->fv.state = s->rv.state;
+	s->fv.pad = 0;
+	/* Should this fail, the packet still goes out; the next one finds
+	 * the reverse entry again through the probe. */
+	bpf_map_update_elem(&snat_fwd, &p->key, &s->fv, BPF_ANY);
+	return -1;
+}
+
+/*
+ * SNAT a client packet to the backend in sel. seg_len is what one segment's
+ * L3 length is (see route_lookup). Returns the verdict; *reason is set when
+ * the packet was not forwarded, or forwarded with the stack's help.
+ */
+static __always_inline int snat_forward(const struct hook *h, const struct packet *p, const struct selection *sel,
+					__u32 svc_id, __u32 seg_len, int *reason)
+{
+	struct snat_work *s;
+	struct route rt;
+	int r;
+
+	r = snat_bind(p, sel, svc_id, &s);
+	if (r >= 0)
+		goto drop;
+	r = route_lookup(h, p->family, s->rk.snat_addr, sel->be->addr, p->l3_len, seg_len, &rt);
+	if (r >= 0)
+		goto drop;
+	r = nat_rewrite(h, p, s->rk.snat_addr, s->rk.snat_port, sel->be->addr, sel->be->port);
+	if (r >= 0)
+		goto drop;
+	return transmit(h, &rt, reason);
+drop:
+	*reason = r;
+	return hook_drop(h);
+}
+
+/*
+ * The reply path: a TCP/UDP packet to no frontend whose destination passed
+ * snat_is_ours. A live binding's reply is rewritten back to VIP:port ->
+ * client:port and sent to the client; anything else goes to the stack
+ * untouched (pass_not_service). Counts its own reasons.
+ */
+static __always_inline int snat_reply(const struct hook *h, const struct packet *p, __u32 seg_len)
+{
+	struct snat_rev_value *rv;
+	struct snat_work *s;
+	struct route rt;
+	int reason = -1, verdict, r;
+	__u32 st, zero = 0;
+	__u64 now;
+
+	s = bpf_map_lookup_elem(&snat_scratch, &zero);
+	if (!s)
+		goto pass;
+	s->rk.pad[0] = s->rk.pad[1] = s->rk.pad[2] = 0;
+	copy16(s->rk.backend_addr, p->key.src);
+	copy16(s->rk.snat_addr, p->key.dst);
+	s->rk.backend_port = p->key.sport;
+	s->rk.snat_port = p->key.dport;
+	s->rk.proto = p->key.proto;
+	rv = bpf_map_lookup_elem(&snat_rev, &s->rk);
+	if (!rv)
+		goto pass;
+	now = bpf_ktime_get_coarse_ns();
+	if (snat_expired(now, rv->last_seen, p->key.proto, rv->state)) {
+		/* A dead binding is forgotten; its port is free again. */
+		bpf_map_delete_elem(&snat_rev, &s->rk);
+		goto pass;
+	}
+	if (p->vlan) {
+		count_reason(L4LB_R_PASS_VLAN, p->l3_len);
+		return hook_pass(h);
+	}
+	if (snat_ttl_expired(h, p)) {
+		/* The stack could only answer for the SNAT address, which
+		 * the backend does not know as a hop of this path. */
+		count_reason(L4LB_R_DROP_TTL_EXCEEDED, p->l3_len);
+		return hook_drop(h);
+	}
+	st = snat_next_state(p->key.proto, p->tcp_flags, rv->state, 0);
+	if (st != rv->state)
+		rv->state = st;
+	snat_touch(&rv->last_seen, now, p->key.proto, st);
+	/* A copy: another CPU may reuse the entry while this one works. */
+	s->rv = *rv;
+
+	r = route_lookup(h, p->family, s->rv.vip, s->rv.client_addr, p->l3_len, seg_len, &rt);
+	if (r >= 0)
+		goto drop;
+	r = nat_rewrite(h, p, s->rv.vip, s->rv.vip_port, s->rv.client_addr, s->rv.client_port);
+	if (r >= 0)
+		goto drop;
+	verdict = transmit(h, &rt, &reason);
+	if (reason >= 0)
+		count_reason(reason, p->l3_len);
+	return verdict;
+drop:
+	count_reason(r, p->l3_len);
+	return hook_drop(h);
+pass:
+	count_reason(L4LB_R_PASS_NOT_SERVICE, p->l3_len);
+	return hook_pass(h);
+}
+
+#endif

@@ -1,0 +1,260 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package consul
+
+import (
+	"context"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/consul/api"
+	"golang.org/x/time/rate"
+)
+
+// requestGrace is how much longer than its wait time a blocking query may
+// take before the source gives up on it: Consul adds up to wait/16, and a
+// partitioned agent would otherwise hold the request open forever.
+const requestGrace = 15 * time.Second
+
+// fetchFunc runs one query. It returns the query's index and a function
+// that applies the answer; the loop calls it only when the index says the
+// answer may differ from the previous one.
+type fetchFunc func(q *api.QueryOptions) (index uint64, apply func(), err error)
+
+// loop runs fetch as a blocking-query loop, following Consul's rules for
+// the index: block on the last index seen, restart from 0 when it goes
+// backwards (a restored or replaced server), and never block on 0, which
+// Consul answers at once. Every query waits for a token of the loop's
+// bucket, so a service that changes constantly cannot make the loop spin.
+func (s *Source) loop(ctx context.Context, watch string, fetch fetchFunc) {
+	lim := rate.NewLimiter(rate.Every(s.opts.MinInterval), s.opts.Burst)
+	var index uint64
+	retry := s.opts.RetryMin
+	for {
+		if lim.Wait(ctx) != nil {
+			return
+		}
+		wait := s.opts.Wait - rand.N(s.opts.Wait/16+1)
+		q := &api.QueryOptions{AllowStale: s.cfg.Stale, Datacenter: s.cfg.Datacenter, WaitIndex: index, WaitTime: wait}
+		rctx, cancel := context.WithTimeout(ctx, wait+wait/16+requestGrace)
+		got, apply, err := fetch(q.WithContext(rctx))
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			s.failed(ctx, watch, err)
+			// The agent that answers next may not be the one that gave
+			// the index (a restart, another server): re-read at once
+			// rather than block on an index it may never reach.
+			index = 0
+			if !sleep(ctx, jitter(retry)) {
+				return
+			}
+			retry = min(retry*2, s.opts.RetryMax)
+			continue
+		}
+		retry = s.opts.RetryMin
+		if index == 0 || got != index {
+			apply()
+		}
+		index = nextIndex(index, got)
+		s.succeeded(ctx, watch)
+	}
+}
+
+// nextIndex is the index of the next blocking query after one made with
+// prev was answered with got.
+func nextIndex(prev, got uint64) uint64 {
+	switch {
+	case got < prev:
+		return 0
+	case got == 0:
+		return 1
+	}
+	return got
+}
+
+// jitter spreads d over [0.75d, 1.25d) so that retries of many watches do
+// not arrive together.
+func jitter(d time.Duration) time.Duration {
+	return d*3/4 + rand.N(d/2+1)
+}
+
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// Health bookkeeping. state is what was last logged, so that an outage is
+// logged once when it starts and once when it ends, however many queries
+// fail in between.
+const (
+	stateStarting = iota
+	stateOK
+	stateFailing
+)
+
+func (s *Source) failed(ctx context.Context, watch string, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if ctx.Err() != nil {
+		// The watch was stopped (its service went away); its error is
+		// the cancellation, not Consul's.
+		return
+	}
+	s.failing[watch] = err
+	// A first snapshot may have been waiting for this watch.
+	s.notify()
+	if s.state != stateFailing {
+		s.state = stateFailing
+		s.log.Warn("Consul is not answering; the last known services keep serving",
+			"address", s.cfg.Address, "watch", watch, "error", err, "last_sync", s.synced)
+	}
+}
+
+func (s *Source) succeeded(ctx context.Context, watch string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if ctx.Err() != nil {
+		return
+	}
+	delete(s.failing, watch)
+	if len(s.failing) > 0 {
+		return
+	}
+	prev := s.synced
+	s.synced = time.Now()
+	if s.healthyLocked() && s.state != stateOK {
+		if s.state == stateFailing && !prev.IsZero() {
+			s.log.Info("Consul answers again; services follow it", "address", s.cfg.Address, "stale_for", s.synced.Sub(prev).Round(time.Millisecond))
+		} else {
+			s.log.Info("Consul view complete", "address", s.cfg.Address)
+		}
+		s.state = stateOK
+	}
+}
+
+// stopWatchLocked removes a stopped watch from the health bookkeeping.
+func (s *Source) stopWatchLocked(watch string) {
+	delete(s.failing, watch)
+}
+
+// healthyLocked: every watch answered its last query and the first full
+// view is in.
+func (s *Source) healthyLocked() bool {
+	if len(s.failing) > 0 || s.catalog == nil || (s.cfg.KVPrefix != "" && s.kv == nil) {
+		return false
+	}
+	for _, name := range s.catalog.names {
+		if w := s.services[name]; w == nil || !w.have {
+			return false
+		}
+	}
+	return true
+}
+
+func (s *Source) watchCatalog(q *api.QueryOptions) (uint64, func(), error) {
+	all, meta, err := s.client.Catalog().Services(q)
+	if err != nil {
+		return 0, nil, err
+	}
+	return meta.LastIndex, func() { s.setCatalog(all) }, nil
+}
+
+// setCatalog starts a watch for each newly tagged service and stops the
+// watches of services that are gone or lost the tag.
+func (s *Source) setCatalog(all map[string][]string) {
+	var names []string
+	for name, tags := range all {
+		if slices.Contains(tags, s.cfg.Tag) {
+			names = append(names, name)
+		}
+	}
+	slices.Sort(names)
+
+	s.mu.Lock()
+	for name, w := range s.services {
+		if !slices.Contains(names, name) {
+			w.cancel()
+			delete(s.services, name)
+			s.stopWatchLocked(serviceWatch(name))
+			s.log.Debug("stopped watching Consul service", "service", name)
+		}
+	}
+	for _, name := range names {
+		if _, ok := s.services[name]; ok {
+			continue
+		}
+		ctx, cancel := context.WithCancel(s.run)
+		w := &watched{cancel: cancel}
+		s.services[name] = w
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			s.loop(ctx, serviceWatch(name), s.serviceFetch(name, w))
+		}()
+		s.log.Debug("watching Consul service", "service", name)
+	}
+	s.catalog = &catalogView{names: names}
+	s.mu.Unlock()
+	s.notify()
+}
+
+func serviceWatch(name string) string { return "service " + name }
+
+func (s *Source) serviceFetch(name string, w *watched) fetchFunc {
+	return func(q *api.QueryOptions) (uint64, func(), error) {
+		entries, meta, err := s.client.Health().Service(name, s.cfg.Tag, false, q)
+		if err != nil {
+			return 0, nil, err
+		}
+		return meta.LastIndex, func() {
+			tr := fromCatalog(name, entries, s.cfg.WarningState, s.opts.Defaults)
+			s.mu.Lock()
+			if s.services[name] == w {
+				w.tr, w.have = tr, true
+			}
+			s.mu.Unlock()
+			s.notify()
+		}, nil
+	}
+}
+
+func (s *Source) watchKV(q *api.QueryOptions) (uint64, func(), error) {
+	pairs, meta, err := s.client.KV().List(s.cfg.KVPrefix, q)
+	if err != nil {
+		return 0, nil, err
+	}
+	return meta.LastIndex, func() { s.setKV(pairs) }, nil
+}
+
+// setKV re-parses only the keys whose ModifyIndex changed.
+func (s *Source) setKV(pairs api.KVPairs) {
+	s.mu.Lock()
+	old := s.kv
+	s.mu.Unlock()
+	next := make(map[string]kvEntry, len(pairs))
+	for _, p := range pairs {
+		if p == nil || strings.HasSuffix(p.Key, "/") {
+			continue // a folder, not a definition
+		}
+		if e, ok := old[p.Key]; ok && e.modify == p.ModifyIndex && p.ModifyIndex != 0 {
+			next[p.Key] = e
+			continue
+		}
+		next[p.Key] = kvEntry{modify: p.ModifyIndex, tr: fromKV(p.Key, p.Value, s.opts.Defaults)}
+	}
+	s.mu.Lock()
+	s.kv = next
+	s.mu.Unlock()
+	s.notify()
+}

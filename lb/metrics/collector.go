@@ -1,0 +1,275 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package metrics
+
+import (
+	"net/netip"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/l4lb/l4lb/lb"
+)
+
+// Label names shared by the state metrics.
+const (
+	labelService  = "service"
+	labelFrontend = "frontend"
+	labelBackend  = "backend"
+	labelReason   = "reason"
+	labelMap      = "map"
+	labelSource   = "source"
+	labelState    = "state"
+	labelMode     = "mode"
+	labelDispatch = "dispatch"
+	labelResult   = "result"
+	// labelFingerprint lets an alert compare boxes: the same service with
+	// two fingerprints means two boxes send one flow to different backends.
+	labelFingerprint = "fingerprint"
+)
+
+var (
+	svcLabels     = []string{labelService}
+	backendLabels = []string{labelService, labelBackend}
+
+	descServiceInfo = prometheus.NewDesc("l4lb_service_info",
+		"Always 1 for each served service; labels carry its frontend, forwarding mode, DSR dispatch, the source that defined it and the fingerprint of its Maglev table inputs.",
+		[]string{labelService, labelFrontend, labelMode, labelDispatch, labelSource, labelFingerprint}, nil)
+	descServicePackets = prometheus.NewDesc("l4lb_service_packets_total",
+		"Packets the datapath forwarded for the service.", svcLabels, nil)
+	descServiceBytes = prometheus.NewDesc("l4lb_service_bytes_total",
+		"Bytes the datapath forwarded for the service, counted at L3 as received.", svcLabels, nil)
+	descServiceNewFlows = prometheus.NewDesc("l4lb_service_new_flows_total",
+		"Flows of the service that got a backend from the Maglev table (not from the connection table).", svcLabels, nil)
+
+	descBackendPackets = prometheus.NewDesc("l4lb_backend_packets_total",
+		"Packets the datapath sent to the backend.", backendLabels, nil)
+	descBackendBytes = prometheus.NewDesc("l4lb_backend_bytes_total",
+		"Bytes the datapath sent to the backend, counted at L3 as received.", backendLabels, nil)
+	descBackendNewFlows = prometheus.NewDesc("l4lb_backend_new_flows_total",
+		"New flows the datapath assigned to the backend.", backendLabels, nil)
+	descBackendWeight = prometheus.NewDesc("l4lb_backend_weight",
+		"Relative share of new flows the backend is configured for (0: none).", backendLabels, nil)
+	descBackendAdminState = prometheus.NewDesc("l4lb_backend_admin_state",
+		"1 for the administrative state in force (active, draining, disabled), 0 for the others.",
+		[]string{labelService, labelBackend, labelState}, nil)
+	descBackendOverride = prometheus.NewDesc("l4lb_backend_admin_override",
+		"1 when the administrative state is a runtime override set with l4lbctl backend, 0 when it is the source's.",
+		backendLabels, nil)
+	descBackendHealth = prometheus.NewDesc("l4lb_backend_health_state",
+		"1 for the backend's health state (unchecked, unknown, healthy, unhealthy), 0 for the others.",
+		[]string{labelService, labelBackend, labelState}, nil)
+
+	descReasonPackets = prometheus.NewDesc("l4lb_datapath_packets_total",
+		"Packets the datapath did not forward to a backend, by what it did instead (pass_*: handed to the kernel stack, drop_*: dropped).",
+		[]string{labelReason}, nil)
+	descReasonBytes = prometheus.NewDesc("l4lb_datapath_bytes_total",
+		"Bytes (L3 length; whole frame for non-IP) of the packets counted in l4lb_datapath_packets_total, by reason.",
+		[]string{labelReason}, nil)
+
+	descConntrackEntries = prometheus.NewDesc("l4lb_conntrack_entries",
+		"Flows in the connection table.", nil, nil)
+	descConntrackCapacity = prometheus.NewDesc("l4lb_conntrack_capacity",
+		"Size of the connection table (datapath.conntrack_max); when full, the least recently used flows are evicted.", nil, nil)
+	descSNATEntries = prometheus.NewDesc("l4lb_snat_entries",
+		"Source-NAT bindings (LB address and port) in use.", nil, nil)
+	descSNATCapacity = prometheus.NewDesc("l4lb_snat_capacity",
+		"Source-NAT bindings available (addresses times ports).", nil, nil)
+	descMapEntries = prometheus.NewDesc("l4lb_map_entries",
+		"Entries in use in the BPF map.", []string{labelMap}, nil)
+	descMapCapacity = prometheus.NewDesc("l4lb_map_capacity",
+		"Maximum entries of the BPF map.", []string{labelMap}, nil)
+
+	descDiscoverySync = prometheus.NewDesc("l4lb_discovery_last_sync_timestamp_seconds",
+		"Unix time the discovery source last published its services; 0 if it never did.",
+		[]string{labelSource}, nil)
+	descDiscoveryServices = prometheus.NewDesc("l4lb_discovery_services",
+		"Services in the discovery source's last snapshot.", []string{labelSource}, nil)
+	descConflicting = prometheus.NewDesc("l4lb_services_conflicting",
+		"Service definitions left out because another source claimed the same frontend or name first (reason: frontend, name).",
+		[]string{labelService, labelSource, labelReason}, nil)
+	descRefused = prometheus.NewDesc("l4lb_services_refused",
+		"Services the datapath does not serve (reason: unsupported, map_full).",
+		[]string{labelService, labelSource, labelReason}, nil)
+
+	descScrapeError = prometheus.NewDesc("l4lb_snapshot_error",
+		"Never exposed: carries errors met while reading the live state.", nil, nil)
+)
+
+var allDescs = []*prometheus.Desc{
+	descServiceInfo, descServicePackets, descServiceBytes, descServiceNewFlows,
+	descBackendPackets, descBackendBytes, descBackendNewFlows, descBackendWeight,
+	descBackendAdminState, descBackendOverride, descBackendHealth,
+	descReasonPackets, descReasonBytes,
+	descConntrackEntries, descConntrackCapacity, descSNATEntries, descSNATCapacity,
+	descMapEntries, descMapCapacity,
+	descDiscoverySync, descDiscoveryServices, descConflicting, descRefused,
+	descScrapeError,
+}
+
+// adminStates and healthStates are every value of the state labels: all
+// are exported (0 or 1) so that a change of state moves a value instead of
+// making one series vanish and another appear.
+var (
+	adminStates  = []lb.BackendState{lb.Active, lb.Draining, lb.Disabled}
+	healthStates = []Health{HealthUnchecked, HealthUnknown, HealthHealthy, HealthUnhealthy}
+)
+
+// Collector turns a Source's snapshot into metrics at scrape time. It keeps
+// no state of its own.
+type Collector struct {
+	src Source
+}
+
+// NewCollector returns a collector reading src on every scrape.
+func NewCollector(src Source) *Collector {
+	return &Collector{src: src}
+}
+
+// Describe implements prometheus.Collector.
+func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range allDescs {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	s := c.src.Snapshot()
+	e := emitter{ch: ch}
+
+	seenSvc := make(map[string]bool, len(s.Services))
+	for _, svc := range s.Services {
+		// A repeated series would fail the whole scrape; the daemon never
+		// sends one, so the first wins without ceremony.
+		if seenSvc[svc.Name] {
+			continue
+		}
+		seenSvc[svc.Name] = true
+		e.service(svc)
+	}
+
+	seenReason := make(map[string]bool, len(s.Reasons))
+	for _, r := range s.Reasons {
+		if seenReason[r.Name] {
+			continue
+		}
+		seenReason[r.Name] = true
+		e.counter(descReasonPackets, r.Packets, r.Name)
+		e.counter(descReasonBytes, r.Bytes, r.Name)
+	}
+
+	if t := s.Conntrack; t != nil {
+		e.gauge(descConntrackEntries, float64(t.Entries))
+		e.gauge(descConntrackCapacity, float64(t.Capacity))
+	}
+	if t := s.SNAT; t != nil {
+		e.gauge(descSNATEntries, float64(t.Entries))
+		e.gauge(descSNATCapacity, float64(t.Capacity))
+	}
+	seenMap := make(map[string]bool, len(s.Maps))
+	for _, m := range s.Maps {
+		if seenMap[m.Name] {
+			continue
+		}
+		seenMap[m.Name] = true
+		e.gauge(descMapEntries, float64(m.Entries), m.Name)
+		e.gauge(descMapCapacity, float64(m.Capacity), m.Name)
+	}
+
+	seenSrc := make(map[string]bool, len(s.Discovery))
+	for _, d := range s.Discovery {
+		if seenSrc[d.Name] {
+			continue
+		}
+		seenSrc[d.Name] = true
+		var ts float64
+		if !d.LastSync.IsZero() {
+			ts = unixSeconds(d.LastSync)
+		}
+		e.gauge(descDiscoverySync, ts, d.Name)
+		e.gauge(descDiscoveryServices, float64(d.Services), d.Name)
+	}
+
+	// Normally one entry per (service, source); counting keeps a repeated
+	// entry from failing the scrape.
+	conflicts := map[[3]string]int{}
+	for _, c := range s.Conflicts {
+		conflicts[[3]string{c.Service, c.Source, c.Reason}]++
+	}
+	for k, n := range conflicts {
+		e.gauge(descConflicting, float64(n), k[0], k[1], k[2])
+	}
+	refused := map[[3]string]int{}
+	for _, r := range s.Refused {
+		refused[[3]string{r.Service, r.Source, string(r.Reason)}]++
+	}
+	for k, n := range refused {
+		e.gauge(descRefused, float64(n), k[0], k[1], k[2])
+	}
+
+	for _, err := range s.Errors {
+		if err != nil {
+			ch <- prometheus.NewInvalidMetric(descScrapeError, err)
+		}
+	}
+}
+
+// emitter sends const metrics, turning bad label values (invalid UTF-8 in a
+// name from Consul, say) into an error for that one series instead of a
+// panic that would lose the whole scrape.
+type emitter struct {
+	ch chan<- prometheus.Metric
+}
+
+func (e emitter) send(d *prometheus.Desc, t prometheus.ValueType, v float64, labels ...string) {
+	m, err := prometheus.NewConstMetric(d, t, v, labels...)
+	if err != nil {
+		m = prometheus.NewInvalidMetric(d, err)
+	}
+	e.ch <- m
+}
+
+func (e emitter) gauge(d *prometheus.Desc, v float64, labels ...string) {
+	e.send(d, prometheus.GaugeValue, v, labels...)
+}
+
+func (e emitter) counter(d *prometheus.Desc, v uint64, labels ...string) {
+	e.send(d, prometheus.CounterValue, float64(v), labels...)
+}
+
+func (e emitter) service(svc Service) {
+	e.gauge(descServiceInfo, 1, svc.Name, svc.Frontend.String(), svc.Mode.String(), svc.Dispatch.String(), svc.Source, svc.Fingerprint)
+	if c := svc.Counters; c != nil {
+		e.counter(descServicePackets, c.Packets, svc.Name)
+		e.counter(descServiceBytes, c.Bytes, svc.Name)
+		e.counter(descServiceNewFlows, c.NewFlows, svc.Name)
+	}
+	seen := make(map[netip.AddrPort]bool, len(svc.Backends))
+	for _, b := range svc.Backends {
+		if seen[b.Addr] {
+			continue
+		}
+		seen[b.Addr] = true
+		addr := b.Addr.String()
+		if c := b.Counters; c != nil {
+			e.counter(descBackendPackets, c.Packets, svc.Name, addr)
+			e.counter(descBackendBytes, c.Bytes, svc.Name, addr)
+			e.counter(descBackendNewFlows, c.NewFlows, svc.Name, addr)
+		}
+		e.gauge(descBackendWeight, float64(b.Weight), svc.Name, addr)
+		for _, st := range adminStates {
+			e.gauge(descBackendAdminState, boolValue(b.State == st), svc.Name, addr, st.String())
+		}
+		e.gauge(descBackendOverride, boolValue(b.Override), svc.Name, addr)
+		for _, h := range healthStates {
+			e.gauge(descBackendHealth, boolValue(b.Health == h), svc.Name, addr, h.String())
+		}
+	}
+}
+
+func boolValue(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}

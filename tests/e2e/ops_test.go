@@ -1,0 +1,287 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package e2e
+
+import (
+	"fmt"
+	"net/netip"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/l4lb/l4lb/tests/topo"
+)
+
+// load drives traffic at a VIP until stopped: long-lived flows that echo
+// continuously, and a steady stream of new short connections.
+type load struct {
+	stop       chan struct{}
+	wg         sync.WaitGroup
+	newOK      atomic.Int64
+	newFailed  atomic.Int64
+	echoes     atomic.Int64
+	longBroken atomic.Int64
+	mu         sync.Mutex
+	failures   []string
+}
+
+func (l *load) fail(format string, args ...any) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.failures) < 20 {
+		l.failures = append(l.failures, fmt.Sprintf(format, args...))
+	}
+}
+
+func startLoad(t *testing.T, client *topo.Host, dst netip.AddrPort, long int) *load {
+	l := &load{stop: make(chan struct{})}
+	for i := range long {
+		c, err := client.DialTCP(0, dst)
+		if err != nil {
+			t.Fatalf("long flow %d: %v", i, err)
+		}
+		l.wg.Add(1)
+		go func() {
+			defer l.wg.Done()
+			defer c.Abort()
+			for n := 0; ; n++ {
+				select {
+				case <-l.stop:
+					return
+				case <-time.After(20 * time.Millisecond):
+				}
+				if err := c.Echo(fmt.Sprintf("ping %d", n)); err != nil {
+					l.longBroken.Add(1)
+					l.fail("long flow %d to %s broke after %d echoes: %v", i, c.Backend, n, err)
+					return
+				}
+				l.echoes.Add(1)
+			}
+		}()
+	}
+	for w := range 2 {
+		l.wg.Add(1)
+		go func() {
+			defer l.wg.Done()
+			for n := 0; ; n++ {
+				select {
+				case <-l.stop:
+					return
+				default:
+				}
+				c, err := client.DialTCP(0, dst)
+				if err == nil {
+					err = c.Echo("hello")
+					c.Abort()
+				}
+				if err != nil {
+					l.newFailed.Add(1)
+					l.fail("new connection %d/%d: %v", w, n, err)
+				} else {
+					l.newOK.Add(1)
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+		}()
+	}
+	return l
+}
+
+func (l *load) finish() {
+	close(l.stop)
+	l.wg.Wait()
+}
+
+// TestRestartAndReloadUnderLoad restarts l4lbd 20 times and reloads it 20
+// times (each reload changes the configuration) while long-lived flows echo
+// and new connections keep arriving: none may fail.
+func TestRestartAndReloadUnderLoad(t *testing.T) {
+	r := newDSRRig(t)
+	d := r.lbs[0]
+	const long = 16
+	l := startLoad(t, r.tp.Client, netip.AddrPortFrom(vip4, 80), long)
+
+	restarts, reloads := 0, 0
+	for i := range 20 {
+		d.Restart()
+		restarts++
+		// Alternate the configuration so every reload reprograms
+		// something: be3's weight flips between 1 and 2.
+		cfg := dsrConfig(21, 22, 23)
+		if i%2 == 0 {
+			cfg = strings.Replace(cfg, `address = "10.100.0.23"`, "address = \"10.100.0.23\"\nweight = 2", 1)
+		}
+		d.WriteConfig(cfg)
+		if rl := d.Reload(); !rl.OK {
+			t.Fatalf("reload %d rejected: %s", i, rl.Error)
+		}
+		reloads++
+		time.Sleep(50 * time.Millisecond)
+	}
+	time.Sleep(200 * time.Millisecond)
+	l.finish()
+
+	t.Logf("%d restarts, %d reloads: %d new connections ok, %d failed; %d long flows, %d broken, %d echoes",
+		restarts, reloads, l.newOK.Load(), l.newFailed.Load(), long, l.longBroken.Load(), l.echoes.Load())
+	for _, f := range l.failures {
+		t.Error(f)
+	}
+	if l.newOK.Load() < 100 || l.echoes.Load() < 100 {
+		t.Errorf("too little traffic to prove anything: %d connections, %d echoes", l.newOK.Load(), l.echoes.Load())
+	}
+	// The restarts adopted the pinned state: the daemon still knows its
+	// services and the datapath kept counting.
+	svcs, err := d.API().Services(t.Context())
+	if err != nil || len(svcs) != 4 {
+		t.Fatalf("after restarts: %d services (%v)", len(svcs), err)
+	}
+}
+
+// capSet runs l4lbd with exactly these capabilities (as root, so files
+// owned by root stay writable, but with every other capability removed
+// from its bounding, inheritable and ambient sets).
+func capSet(caps ...string) []string {
+	list := "-all"
+	for _, c := range caps {
+		list += ",+" + c
+	}
+	return []string{"setpriv", "--inh-caps=" + list, "--ambient-caps=" + list, "--bounding-set=" + list, "--"}
+}
+
+// TestMinimalCapabilities proves the capability set of systemd/l4lb.service:
+// l4lbd forwards traffic with exactly CAP_BPF, CAP_NET_ADMIN and CAP_PERFMON,
+// and fails to start without any one of them.
+func TestMinimalCapabilities(t *testing.T) {
+	minimal := []string{"bpf", "net_admin", "perfmon"}
+	for _, drop := range append([]string{""}, minimal...) {
+		name := "all three"
+		if drop != "" {
+			name = "without " + drop
+		}
+		t.Run(name, func(t *testing.T) {
+			var caps []string
+			for _, c := range minimal {
+				if c != drop {
+					caps = append(caps, c)
+				}
+			}
+			tp := topo.New(t, topo.Options{LBs: 1, Backends: 1})
+			be := tp.Backends[0]
+			be.HoldVIPs(vip4)
+			be.StartCompanion(l4lbd(), vip4.String())
+			be.Serve(netip.AddrPortFrom(vip4, 80))
+			tp.RouteVIPs(tp.LBs[0], vip4)
+			cfg := strings.ReplaceAll(dsrConfig(21), `"10.100.0.22"`, `"10.100.0.21"`)
+			if drop == "" {
+				d := tp.LBs[0].StartL4LBDWrapped(capSet(caps...), l4lbd(), cfg)
+				for i := range 10 {
+					c, err := tp.Client.DialTCP(0, netip.AddrPortFrom(vip4, 80))
+					if err != nil {
+						t.Fatalf("connection %d with capabilities %v: %v\n%s", i, caps, err, d.Log())
+					}
+					c.Abort()
+				}
+				return
+			}
+			d := &topoStart{h: tp.LBs[0]}
+			failed, log := d.run(t, capSet(caps...), cfg)
+			if failed == nil {
+				t.Fatalf("l4lbd started without CAP_%s:\n%s", strings.ToUpper(drop), log)
+			}
+			t.Logf("without CAP_%s: %s", strings.ToUpper(drop), firstLines(log, 1)+" ... "+lastLines(log, 4))
+		})
+	}
+}
+
+// topoStart starts l4lbd and waits for it to either exit or answer.
+type topoStart struct{ h *topo.Host }
+
+// run returns a non-nil error text (the log) and true when l4lbd exited
+// with an error; nil when it became ready.
+func (s *topoStart) run(t *testing.T, wrapper []string, cfg string) (failed *bool, log string) {
+	t.Helper()
+	path := t.TempDir() + "/l4lb.toml"
+	sock := t.TempDir() + "/l4lb.sock"
+	pins := "/sys/fs/bpf/l4lb-capfail-" + strings.ReplaceAll(t.Name(), "/", "-")
+	cfg = strings.ReplaceAll(strings.ReplaceAll(cfg, "{{socket}}", sock), "{{bpffs}}", pins)
+	writeFile(t, path, cfg)
+	t.Cleanup(func() { runQuiet(l4lbd(), "--config", path, "--cleanup") })
+	p := s.h.Start(wrapper[0], append(append([]string{}, wrapper[1:]...), l4lbd(), "--config", path)...)
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		if p.Exited() {
+			f := true
+			return &f, p.Log()
+		}
+		if strings.Contains(p.Log(), "l4lbd ready") {
+			return nil, p.Log()
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("l4lbd neither failed nor became ready in 20s:\n%s", p.Log())
+	return nil, ""
+}
+
+func firstLines(s string, n int) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return strings.Join(lines[:min(n, len(lines))], "\n")
+}
+
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+}
+
+// TestReloadOnFileChange: l4lbd picks up a changed file without SIGHUP, and
+// an invalid file is rejected with its error in status while the previous
+// configuration keeps serving.
+func TestReloadOnFileChange(t *testing.T) {
+	tp := topo.New(t, topo.Options{LBs: 1, Backends: 2})
+	for _, be := range tp.Backends {
+		be.HoldVIPs(vip4)
+		be.StartCompanion(l4lbd(), vip4.String())
+		be.Serve(netip.AddrPortFrom(vip4, 80))
+	}
+	tp.RouteVIPs(tp.LBs[0], vip4)
+	d := tp.LBs[0].StartL4LBD(l4lbd(), dsrConfig(21, 22))
+	ctx := t.Context()
+	waitReload := func(after uint64) (st uint64, ok bool, msg string) {
+		deadline := time.Now().Add(15 * time.Second)
+		for time.Now().Before(deadline) {
+			s, err := d.API().Status(ctx)
+			if err == nil && s.LastReload.Count > after {
+				return s.LastReload.Count, s.LastReload.OK, s.LastReload.Error
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		t.Fatalf("no reload after the file changed\n%s", d.Log())
+		return 0, false, ""
+	}
+
+	d.WriteConfig(dsrConfig(21))
+	n, ok, msg := waitReload(0)
+	if !ok {
+		t.Fatalf("valid change rejected: %s", msg)
+	}
+	svc, err := d.API().Service(ctx, "web4")
+	if err != nil || len(svc.Backends) != 1 {
+		t.Fatalf("after the change: %+v (%v)", svc, err)
+	}
+
+	d.WriteConfig(strings.Replace(dsrConfig(21, 22), `protocol = "tcp"`, `protocol = "sctp"`, 1))
+	_, ok, msg = waitReload(n)
+	if ok || !strings.Contains(msg, "sctp") || !strings.Contains(msg, ".toml:") {
+		t.Fatalf("invalid file: ok=%v error %q, want a rejection naming file:line and the bad value", ok, msg)
+	}
+	svc, err = d.API().Service(ctx, "web4")
+	if err != nil || len(svc.Backends) != 1 {
+		t.Fatalf("an invalid file changed the state: %+v (%v)", svc, err)
+	}
+	c, err := tp.Client.DialTCP(0, netip.AddrPortFrom(vip4, 80))
+	if err != nil || c.Backend != "be1" {
+		t.Fatalf("traffic after a rejected reload: %v, backend %v", err, c)
+	}
+	c.Abort()
+}
