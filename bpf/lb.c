@@ -132,6 +132,17 @@ drop:
 	return hook_drop(h);
 }
 
+/* Dispatch a DSR packet to sel's backend the way the service says. */
+static __always_inline int dsr_dispatch(const struct hook *h, const struct svc_value *svc,
+					const struct packet *p, const struct selection *sel, int *reason)
+{
+	if (svc->dispatch == L4LB_DISPATCH_GENEVE)
+		return dsr_geneve(h, p, sel, reason);
+	if (svc->dispatch == L4LB_DISPATCH_OPT)
+		return dsr_opt(h, p, sel, reason);
+	return dsr_ipip(h, p, sel, reason);
+}
+
 static __always_inline int lb_process(const struct hook *h)
 {
 	struct svc_key sk = {};
@@ -182,12 +193,7 @@ static __always_inline int lb_process(const struct hook *h)
 
 	switch (svc->mode) {
 	case L4LB_MODE_DSR:
-		if (svc->dispatch == L4LB_DISPATCH_GENEVE)
-			verdict = dsr_geneve(h, &p, &sel, &reason);
-		else if (svc->dispatch == L4LB_DISPATCH_OPT)
-			verdict = dsr_opt(h, &p, &sel, &reason);
-		else
-			verdict = dsr_ipip(h, &p, &sel, &reason);
+		verdict = dsr_dispatch(h, svc, &p, &sel, &reason);
 		break;
 	case L4LB_MODE_SNAT:
 		verdict = snat_forward(h, &p, &sel, svc->id, segment_len(h, &p, 0), &reason);
@@ -219,4 +225,55 @@ int l4lb_tc(struct __sk_buff *skb)
 	struct hook h = {.ctx = skb, .xdp = 0};
 
 	return lb_process(&h);
+}
+
+/*
+ * Health probes through the VIP path (tcx egress of the datapath
+ * interfaces). l4lbd checks a DSR backend the way clients reach it: its
+ * probe connects to the VIP with skb->mark naming the backend (config.h),
+ * and this program dispatches the probe to that backend exactly as
+ * lb_process dispatches a client's packet. The backend answers the LB's
+ * address from the VIP, like any client. Unmarked traffic is untouched.
+ */
+SEC("tcx/egress")
+int l4lb_hc(struct __sk_buff *skb)
+{
+	struct hook h = {.ctx = skb, .xdp = 0};
+	struct svc_key sk = {};
+	struct selection sel = {};
+	struct svc_value *svc;
+	struct packet p;
+	void *data, *data_end;
+	__u32 mark = skb->mark, id;
+	int reason = -1, verdict;
+
+	if ((mark & cfg_hc_mark_mask) != cfg_hc_mark)
+		return TCX_NEXT;
+	id = mark & ~cfg_hc_mark_mask;
+	/* Whatever happens next, the mark has done its job. */
+	skb->mark = 0;
+
+	hook_pull(&h, PARSE_PULL);
+	data = hook_data(&h);
+	data_end = hook_data_end(&h);
+	if (parse_packet(data, data_end, &p) >= 0 || p.vlan)
+		return TCX_NEXT;
+	copy16(sk.addr, p.key.dst);
+	sk.port = p.key.dport;
+	sk.proto = p.key.proto;
+	svc = bpf_map_lookup_elem(&services, &sk);
+	/* SNAT backends are probed on their own address, unmarked. */
+	if (!svc || svc->mode != L4LB_MODE_DSR)
+		return TCX_NEXT;
+	sel.be = backend_of(id, svc->id);
+	if (!sel.be) {
+		count_reason(L4LB_R_DROP_HC_NO_BACKEND, p.l3_len);
+		return TCX_DROP;
+	}
+	sel.backend_id = id;
+	sel.hash = (__u32)flow_hash(&p.key);
+	verdict = dsr_dispatch(&h, svc, &p, &sel, &reason);
+	if (reason >= 0)
+		count_reason(reason, p.l3_len);
+	return verdict;
 }

@@ -85,7 +85,8 @@ const (
 	LbL4lbReasonL4LB_R_DROP_TTL_EXCEEDED   LbL4lbReason = 15
 	LbL4lbReasonL4LB_R_DROP_SNAT_REWRITE   LbL4lbReason = 16
 	LbL4lbReasonL4LB_R_DROP_OPT_NO_ROOM    LbL4lbReason = 17
-	LbL4lbReasonL4LB_R_MAX                 LbL4lbReason = 18
+	LbL4lbReasonL4LB_R_DROP_HC_NO_BACKEND  LbL4lbReason = 18
+	LbL4lbReasonL4LB_R_MAX                 LbL4lbReason = 19
 )
 
 type LbL4lbSnatState uint32
@@ -195,6 +196,7 @@ const (
 	LbMapSnatScratch          = "snat_scratch"
 	LbMapSvcStats             = "svc_stats"
 	LbMapTxPorts              = "tx_ports"
+	LbProgL4lbHc              = "l4lb_hc"
 	LbProgL4lbTc              = "l4lb_tc"
 	LbProgL4lbXdp             = "l4lb_xdp"
 	LbVarCfgEncapSrc4         = "cfg_encap_src4"
@@ -202,6 +204,8 @@ const (
 	LbVarCfgEncapSrc6         = "cfg_encap_src6"
 	LbVarCfgEncapSrc6HostMask = "cfg_encap_src6_host_mask"
 	LbVarCfgEncapTtl          = "cfg_encap_ttl"
+	LbVarCfgHcMark            = "cfg_hc_mark"
+	LbVarCfgHcMarkMask        = "cfg_hc_mark_mask"
 	LbVarCfgSeedK0            = "cfg_seed_k0"
 	LbVarCfgSeedK1            = "cfg_seed_k1"
 	LbVarCfgSnatAddr4         = "cfg_snat_addr4"
@@ -257,6 +261,7 @@ type LbSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type LbProgramSpecs struct {
+	L4lbHc  *ebpf.ProgramSpec `ebpf:"l4lb_hc"`
 	L4lbTc  *ebpf.ProgramSpec `ebpf:"l4lb_tc"`
 	L4lbXdp *ebpf.ProgramSpec `ebpf:"l4lb_xdp"`
 }
@@ -287,6 +292,8 @@ type LbVariableSpecs struct {
 	CfgEncapSrc6         *ebpf.VariableSpec `ebpf:"cfg_encap_src6"`
 	CfgEncapSrc6HostMask *ebpf.VariableSpec `ebpf:"cfg_encap_src6_host_mask"`
 	CfgEncapTtl          *ebpf.VariableSpec `ebpf:"cfg_encap_ttl"`
+	CfgHcMark            *ebpf.VariableSpec `ebpf:"cfg_hc_mark"`
+	CfgHcMarkMask        *ebpf.VariableSpec `ebpf:"cfg_hc_mark_mask"`
 	CfgSeedK0            *ebpf.VariableSpec `ebpf:"cfg_seed_k0"`
 	CfgSeedK1            *ebpf.VariableSpec `ebpf:"cfg_seed_k1"`
 	CfgSnatAddr4         *ebpf.VariableSpec `ebpf:"cfg_snat_addr4"`
@@ -358,6 +365,8 @@ type LbVariables struct {
 	CfgEncapSrc6         *ebpf.Variable `ebpf:"cfg_encap_src6"`
 	CfgEncapSrc6HostMask *ebpf.Variable `ebpf:"cfg_encap_src6_host_mask"`
 	CfgEncapTtl          *ebpf.Variable `ebpf:"cfg_encap_ttl"`
+	CfgHcMark            *ebpf.Variable `ebpf:"cfg_hc_mark"`
+	CfgHcMarkMask        *ebpf.Variable `ebpf:"cfg_hc_mark_mask"`
 	CfgSeedK0            *ebpf.Variable `ebpf:"cfg_seed_k0"`
 	CfgSeedK1            *ebpf.Variable `ebpf:"cfg_seed_k1"`
 	CfgSnatAddr4         *ebpf.Variable `ebpf:"cfg_snat_addr4"`
@@ -375,12 +384,14 @@ type LbVariables struct {
 //
 // It can be passed to LoadLbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type LbPrograms struct {
+	L4lbHc  *ebpf.Program `ebpf:"l4lb_hc"`
 	L4lbTc  *ebpf.Program `ebpf:"l4lb_tc"`
 	L4lbXdp *ebpf.Program `ebpf:"l4lb_xdp"`
 }
 
 func (p *LbPrograms) Close() error {
 	return _LbClose(
+		p.L4lbHc,
 		p.L4lbTc,
 		p.L4lbXdp,
 	)

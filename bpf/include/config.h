@@ -38,6 +38,15 @@ volatile const __u32 cfg_encap_src6_host_mask = 0;
 volatile const __u8 cfg_encap_ttl = 64;
 
 /*
+ * Health probes through the VIP path: l4lbd's probe sockets set
+ * skb->mark = cfg_hc_mark | backend id (the id in the bits outside
+ * cfg_hc_mark_mask). l4lb_hc, at tc egress, sends such a probe to exactly
+ * that backend the way the service dispatches its clients' packets.
+ */
+volatile const __u32 cfg_hc_mark = 0x4c000000;
+volatile const __u32 cfg_hc_mark_mask = 0xff000000;
+
+/*
  * SNAT. Source addresses per family (at most SNAT_ADDRS_MAX each; IPv4 in
  * network order, IPv6 as 16 bytes each), the source port range (host order,
  * inclusive) and the idle timeouts of a binding in nanoseconds. Read the

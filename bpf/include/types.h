@@ -138,6 +138,7 @@ enum l4lb_reason {
 	L4LB_R_DROP_TTL_EXCEEDED,    /* SNAT reply whose TTL / hop limit would reach 0: dropped */
 	L4LB_R_DROP_SNAT_REWRITE,    /* SNAT: the packet could not be rewritten (a kernel helper refused) */
 	L4LB_R_DROP_OPT_NO_ROOM,     /* DSR opt: no room for the VIP option (IPv4 options full, or an IPv6 hop-by-hop header that must stay first) */
+	L4LB_R_DROP_HC_NO_BACKEND,   /* health probe marked for a backend that is not (or no longer) the service's */
 	L4LB_R_MAX,
 };
 

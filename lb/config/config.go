@@ -54,8 +54,8 @@ const (
 	defaultAdminSocket     = "/run/l4lb/l4lb.sock"
 	defaultMetricsListen   = "127.0.0.1:9842"
 	defaultBPFFS           = "/sys/fs/bpf/l4lb"
-	defaultSNATPortMin     = 32768
-	defaultSNATPortMax     = 60999
+	defaultSNATPortMin     = 16384
+	defaultSNATPortMax     = 32767
 	defaultConntrackMax    = 1 << 20
 	minConntrackMax        = 1024
 	defaultSNATMax         = 1 << 20

@@ -152,6 +152,52 @@ func (d *LB) AttachTC(iface string) error {
 	return nil
 }
 
+func (d *LB) hcLinkPin(iface string) string {
+	return filepath.Join(d.cfg.PinPath, linkDir, "hc-"+iface)
+}
+
+// AttachHealth attaches the health-probe program at tc egress (tcx) of
+// iface: probes to a VIP marked with HealthMarkFor(backend) leave
+// dispatched to that backend, as clients' packets are. Attach it to every
+// interface the route to the VIPs may take.
+func (d *LB) AttachHealth(iface string) error {
+	ifc, err := net.InterfaceByName(iface)
+	if err != nil {
+		return fmt.Errorf("attach health probes to %s: %w", iface, err)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	key := "hc:" + iface
+	if l, ok := d.adopt(d.hcLinkPin(iface), iface, func(info *link.Info) bool {
+		x := info.TCX()
+		return info.Type == link.TCXType && x != nil && int(x.Ifindex) == ifc.Index
+	}); ok {
+		if err := l.Update(d.progHC); err != nil {
+			l.Close()
+			return fmt.Errorf("replace health-probe program on %s: %w", iface, err)
+		}
+		d.links[key] = l
+		return nil
+	}
+	l, err := link.AttachTCX(link.TCXOptions{Program: d.progHC, Attach: ebpf.AttachTCXEgress, Interface: ifc.Index})
+	if err != nil {
+		return fmt.Errorf("attach health probes (tcx egress) to %s: %w", iface, err)
+	}
+	if d.cfg.PinPath != "" {
+		if err := l.Pin(d.hcLinkPin(iface)); err != nil {
+			l.Close()
+			return fmt.Errorf("pin health-probe link of %s: %w", iface, err)
+		}
+	}
+	d.links[key] = l
+	return nil
+}
+
+// DetachHealth removes the health-probe program from iface.
+func (d *LB) DetachHealth(iface string) error {
+	return d.detach("hc:"+iface, d.hcLinkPin(iface), iface)
+}
+
 // DetachTC removes the tc program from iface and forgets its pin.
 func (d *LB) DetachTC(iface string) error {
 	return d.detach("tc:"+iface, d.tcLinkPin(iface), iface)
@@ -230,7 +276,7 @@ func (d *LB) detach(key, pin, iface string) error {
 // PinnedLink is a link an earlier l4lbd pinned.
 type PinnedLink struct {
 	Interface string
-	Hook      string // "xdp" or "tc"
+	Hook      string // "xdp", "tc" or "hc" (health probes)
 }
 
 // PinnedLinks lists the links pinned by an earlier l4lbd, so the daemon can
@@ -240,7 +286,7 @@ func (d *LB) PinnedLinks() []PinnedLink {
 		return nil
 	}
 	var out []PinnedLink
-	for _, hook := range []struct{ prefix, name string }{{"xdp-", "xdp"}, {"tcx-", "tc"}} {
+	for _, hook := range []struct{ prefix, name string }{{"xdp-", "xdp"}, {"tcx-", "tc"}, {"hc-", "hc"}} {
 		paths, _ := filepath.Glob(filepath.Join(d.cfg.PinPath, linkDir, hook.prefix+"*"))
 		for _, p := range paths {
 			out = append(out, PinnedLink{Interface: strings.TrimPrefix(filepath.Base(p), hook.prefix), Hook: hook.name})

@@ -30,6 +30,7 @@ import (
 
 	"github.com/l4lb/l4lb/bpf"
 	"github.com/l4lb/l4lb/lb/maglev"
+	"github.com/l4lb/l4lb/lb/reconciler"
 )
 
 // Config is what the load balancer's datapath is built from.
@@ -87,6 +88,7 @@ type LB struct {
 	coll   *ebpf.Collection
 	prog   *ebpf.Program
 	progTC *ebpf.Program
+	progHC *ebpf.Program
 
 	services     *ebpf.Map
 	backends     *ebpf.Map
@@ -127,6 +129,9 @@ func Load(cfg Config) (*LB, error) {
 	if cfg.MaxServices == 0 || cfg.MaxBackends == 0 || cfg.ConntrackMax == 0 {
 		return nil, fmt.Errorf("datapath: max_services, max_backends and conntrack_max must be positive")
 	}
+	if cfg.MaxBackends >= ^HealthMarkMask {
+		return nil, fmt.Errorf("datapath: max_backends %d does not fit the health-probe mark (at most %d)", cfg.MaxBackends, ^HealthMarkMask-1)
+	}
 	cfg = resolveSNATAddresses(withSNATDefaults(cfg))
 	spec, err := bpf.LoadLb()
 	if err != nil {
@@ -139,8 +144,11 @@ func Load(cfg Config) (*LB, error) {
 	if err := configure(spec, cfg); err != nil {
 		return nil, err
 	}
-	for _, name := range []string{bpf.LbMapSnatFwd, bpf.LbMapSnatRev} {
-		spec.Maps[name].MaxEntries = snatMapSize(cfg.SNATMax, cpus)
+	// LRU maps with per-CPU lists are rounded up by the kernel to a
+	// multiple of the CPU count; ask for that size, or a restarted daemon
+	// would find its own pinned maps "incompatible".
+	for name, n := range map[string]uint32{bpf.LbMapSnatFwd: cfg.SNATMax, bpf.LbMapSnatRev: cfg.SNATMax, bpf.LbMapConntrack: cfg.ConntrackMax} {
+		spec.Maps[name].MaxEntries = perCPURound(n, cpus)
 	}
 	names, err := enumNames(spec.Types, "l4lb_reason", "L4LB_R_")
 	if err != nil {
@@ -157,6 +165,7 @@ func Load(cfg Config) (*LB, error) {
 		coll:         coll,
 		prog:         coll.Programs[bpf.LbProgL4lbXdp],
 		progTC:       coll.Programs[bpf.LbProgL4lbTc],
+		progHC:       coll.Programs[bpf.LbProgL4lbHc],
 		services:     coll.Maps[bpf.LbMapServices],
 		backends:     coll.Maps[bpf.LbMapBackends],
 		maglev:       coll.Maps[bpf.LbMapMaglev],
@@ -241,6 +250,8 @@ func configure(spec *ebpf.CollectionSpec, cfg Config) error {
 		bpf.LbVarCfgEncapSrc4HostMask: mask4,
 		bpf.LbVarCfgEncapSrc6:         src6,
 		bpf.LbVarCfgEncapSrc6HostMask: mask6,
+		bpf.LbVarCfgHcMark:            HealthMark,
+		bpf.LbVarCfgHcMarkMask:        HealthMarkMask,
 	}
 	snat, err := snatVars(cfg)
 	if err != nil {
@@ -301,6 +312,19 @@ func (d *LB) Program() *ebpf.Program { return d.prog }
 
 // ProgramTC is the tc (tcx ingress) program, for packet tests.
 func (d *LB) ProgramTC() *ebpf.Program { return d.progTC }
+
+// ProgramHC is the health-probe program (tcx egress), for packet tests.
+func (d *LB) ProgramHC() *ebpf.Program { return d.progHC }
+
+// Health probes through the VIP path carry this socket mark with the
+// backend id in the low bits (bpf/include/config.h, l4lb_hc).
+const (
+	HealthMark     uint32 = 0x4c000000
+	HealthMarkMask uint32 = 0xff000000
+)
+
+// HealthMarkFor is the socket mark of a probe of backend id.
+func HealthMarkFor(id reconciler.BackendID) uint32 { return HealthMark | uint32(id)&^HealthMarkMask }
 
 // ReasonNames are the names of the reason counters, by index.
 func (d *LB) ReasonNames() []string { return append([]string(nil), d.reasonNames...) }

@@ -87,7 +87,18 @@ func Supported(svc lb.Service) error {
 		// Needs a SNAT address of the VIP's family: (*LB).Supported.
 	case lb.ModeDSR:
 		switch svc.Dispatch {
-		case lb.DispatchIPIP, lb.DispatchGeneve, lb.DispatchOpt:
+		case lb.DispatchIPIP, lb.DispatchGeneve:
+			// The packet reaches the backend unchanged: it must listen
+			// on the VIP's port. Sources other than the file (Consul,
+			// Kubernetes) inherit dispatch defaults too, so the rule is
+			// enforced here, on the effective dispatch.
+			for _, b := range svc.Backends {
+				if b.Addr.Port() != svc.Frontend.Port {
+					return fmt.Errorf("backend %s: DSR dispatch %q delivers the packet unchanged, so the backend must listen on port %d; use dispatch opt or mode snat to translate ports",
+						b.Addr, svc.Dispatch, svc.Frontend.Port)
+				}
+			}
+		case lb.DispatchOpt:
 		default:
 			return fmt.Errorf("DSR dispatch %q is not supported by this datapath (use ipip, geneve or opt)", svc.Dispatch)
 		}

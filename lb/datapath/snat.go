@@ -22,8 +22,8 @@ const MaxSNATAddresses = 16
 
 // Default SNAT source port range: Linux's default ephemeral range.
 const (
-	DefaultSNATPortMin = 32768
-	DefaultSNATPortMax = 60999
+	DefaultSNATPortMin = 16384
+	DefaultSNATPortMax = 32767
 )
 
 // SNATTimeouts are the idle times after which a SNAT binding is dead and
@@ -120,10 +120,10 @@ func snatVars(cfg Config) (map[string]any, error) {
 	}, nil
 }
 
-// snatMapSize is what the kernel makes of n entries for an LRU map with
+// perCPURound is what the kernel makes of n entries for an LRU map with
 // per-CPU lists: a multiple of the CPU count. Asking for that size up front
 // lets a restarted l4lbd adopt the pinned map, whose size it compares.
-func snatMapSize(n uint32, cpus int) uint32 {
+func perCPURound(n uint32, cpus int) uint32 {
 	c := uint32(max(cpus, 1))
 	return (n + c - 1) / c * c
 }

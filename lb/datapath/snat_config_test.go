@@ -92,8 +92,8 @@ func TestSNATMapSize(t *testing.T) {
 		cpus int
 		want uint32
 	}{{1024, 1, 1024}, {1024, 2, 1024}, {1024, 3, 1026}, {1 << 20, 12, 1048584}, {5, 0, 5}} {
-		if got := snatMapSize(tt.n, tt.cpus); got != tt.want {
-			t.Errorf("snatMapSize(%d, %d) = %d, want %d", tt.n, tt.cpus, got, tt.want)
+		if got := perCPURound(tt.n, tt.cpus); got != tt.want {
+			t.Errorf("perCPURound(%d, %d) = %d, want %d", tt.n, tt.cpus, got, tt.want)
 		}
 	}
 }
