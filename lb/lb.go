@@ -212,8 +212,12 @@ type Service struct {
 	// packets from other sources are dropped.
 	SourceRanges []netip.Prefix
 	// Health says how backends are checked; the zero value checks nothing.
-	Health   HealthCheck
-	Backends []Backend
+	Health HealthCheck
+	// DrainTimeout, when positive, cuts the established flows of a
+	// draining backend that long after it started draining; 0 lets them
+	// run until they end (or inherits Defaults.DrainTimeout).
+	DrainTimeout time.Duration
+	Backends     []Backend
 	// Source names where the definition came from, for example
 	// "file:/etc/l4lb/l4lb.toml" or "consul".
 	Source string
@@ -222,9 +226,10 @@ type Service struct {
 // Defaults are the daemon-wide values a service inherits when it does not
 // override them.
 type Defaults struct {
-	Mode      Mode
-	Dispatch  Dispatch
-	TableSize uint32
+	Mode         Mode
+	Dispatch     Dispatch
+	TableSize    uint32
+	DrainTimeout time.Duration
 }
 
 // WithDefaults returns a copy of s with every unset field taken from d.
@@ -237,6 +242,9 @@ func (s Service) WithDefaults(d Defaults) Service {
 	}
 	if s.TableSize == 0 {
 		s.TableSize = d.TableSize
+	}
+	if s.DrainTimeout == 0 {
+		s.DrainTimeout = d.DrainTimeout
 	}
 	return s
 }

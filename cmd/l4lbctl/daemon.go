@@ -106,6 +106,22 @@ func printStatus(out io.Writer, st api.Status) error {
 	for _, r := range st.Rejected {
 		fmt.Fprintf(tw, "refused\t%s\n", r)
 	}
+	for _, w := range st.HealthWarnings {
+		fmt.Fprintf(tw, "health\t%s\n", w)
+	}
+	for _, src := range st.Discovery {
+		state := "ok, last sync " + src.LastSync.Format(time.RFC3339)
+		if src.Stale {
+			state = fmt.Sprintf("STALE for %.0fs", src.StaleSeconds)
+		}
+		if src.Error != "" {
+			state += ": " + src.Error
+		}
+		fmt.Fprintf(tw, "discovery\t%s: %s\n", src.Name, state)
+		for _, e := range src.Errors {
+			fmt.Fprintf(tw, "\t  %s\n", e)
+		}
+	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
@@ -165,13 +181,17 @@ func serviceCmd(g *globals) *cobra.Command {
 			}
 			fmt.Fprintln(out)
 			tw = tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "BACKEND\tSTATE\tWEIGHT\tSLOTS\tPACKETS\tBYTES\tNEW FLOWS")
+			fmt.Fprintln(tw, "BACKEND\tSTATE\tHEALTH\tWEIGHT\tSLOTS\tPACKETS\tBYTES\tNEW FLOWS")
 			for _, b := range s.Backends {
 				state := b.State
 				if b.Override {
 					state += " (override; configured " + b.ConfigState + ")"
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\n", b.Address, state, b.Weight, b.Slots, b.Counters.Packets, b.Counters.Bytes, b.Counters.NewFlows)
+				health := b.Health
+				if b.HealthError != "" {
+					health += ": " + b.HealthError
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\n", b.Address, state, health, b.Weight, b.Slots, b.Counters.Packets, b.Counters.Bytes, b.Counters.NewFlows)
 			}
 			return tw.Flush()
 		},

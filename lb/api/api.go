@@ -30,8 +30,11 @@ type Status struct {
 	Backends        int         `json:"backends"`
 	Conflicts       []string    `json:"conflicts,omitempty"`
 	Rejected        []string    `json:"rejected,omitempty"`
-	ReconcileError  string      `json:"reconcile_error,omitempty"`
-	Reasons         []Reason    `json:"reasons"`
+	// HealthWarnings name services whose checks all fail and are ignored
+	// (fail open).
+	HealthWarnings []string `json:"health_warnings,omitempty"`
+	ReconcileError string   `json:"reconcile_error,omitempty"`
+	Reasons        []Reason `json:"reasons"`
 	// Discovery reports the sources that watch something outside l4lbd
 	// (Consul): whether their services may be out of date.
 	Discovery []SourceStatus `json:"discovery,omitempty"`
@@ -106,9 +109,14 @@ type Backend struct {
 	// ConfigState is what the service's source says.
 	ConfigState string `json:"config_state"`
 	// Override is true when `l4lbctl backend drain|enable|disable` set State.
-	Override bool     `json:"override"`
-	Slots    int      `json:"slots"`
-	Counters Counters `json:"counters"`
+	Override bool `json:"override"`
+	// Health is "healthy", "unhealthy", "unknown" (not probed yet) or
+	// "unchecked" (the service has no health check). An unhealthy backend
+	// is out of the Maglev table (Slots 0) but keeps its flows.
+	Health      string   `json:"health"`
+	HealthError string   `json:"health_error,omitempty"`
+	Slots       int      `json:"slots"`
+	Counters    Counters `json:"counters"`
 }
 
 // BackendAction is a runtime override: POST

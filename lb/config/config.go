@@ -185,6 +185,10 @@ type Datapath struct {
 	MaxBackends uint32
 	// SNATMax is the capacity of each of the two SNAT tables (bindings).
 	SNATMax uint32
+	// DrainTimeout is how long a draining backend keeps its established
+	// flows before they are moved; 0: until they end. Services may
+	// override it.
+	DrainTimeout time.Duration
 	// SNATTimeouts are the idle timeouts of SNAT bindings.
 	SNATTimeouts SNATTimeouts
 }
@@ -281,9 +285,10 @@ func Default() *Config {
 // Defaults returns what a service inherits when it does not override it.
 func (c *Config) Defaults() lb.Defaults {
 	return lb.Defaults{
-		Mode:      c.Datapath.Mode,
-		Dispatch:  c.Datapath.Dispatch,
-		TableSize: c.Maglev.TableSize,
+		Mode:         c.Datapath.Mode,
+		Dispatch:     c.Datapath.Dispatch,
+		TableSize:    c.Maglev.TableSize,
+		DrainTimeout: c.Datapath.DrainTimeout,
 	}
 }
 

@@ -41,6 +41,7 @@ type rawDatapath struct {
 	MaxServices   any `toml:"max_services"`
 	MaxBackends   any `toml:"max_backends"`
 	SNATMax       any `toml:"snat_max"`
+	DrainTimeout  any `toml:"drain_timeout"`
 	// SNATTimeouts is [datapath.snat_timeouts].
 	SNATTimeouts *rawSNATTimeouts `toml:"snat_timeouts"`
 }
@@ -70,6 +71,7 @@ type rawService struct {
 	Affinity        any          `toml:"affinity" json:"affinity"`
 	AffinityTimeout any          `toml:"affinity_timeout" json:"affinity_timeout"`
 	SourceRanges    any          `toml:"source_ranges" json:"source_ranges"`
+	DrainTimeout    any          `toml:"drain_timeout" json:"drain_timeout"`
 	Health          *rawHealth   `toml:"health" json:"health"`
 	Backend         []rawBackend `toml:"backend" json:"backend"`
 }

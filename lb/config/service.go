@@ -218,6 +218,11 @@ func (c *checker) service(s scope, r *rawService, i int, d lb.Defaults) (lb.Serv
 		svc.TableSize, tableOK = s.tableSize("table_size", r.TableSize)
 	}
 	c.affinity(s, r, &svc)
+	if r.DrainTimeout != nil {
+		if t, ok := s.duration("drain_timeout", r.DrainTimeout); ok {
+			svc.DrainTimeout = t
+		}
+	}
 	if vipOK {
 		svc.SourceRanges = c.sourceRanges(s, r.SourceRanges, svc.Frontend.Addr)
 	} else if r.SourceRanges != nil {

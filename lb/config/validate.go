@@ -270,6 +270,11 @@ func (c *checker) datapath(r *rawDatapath, d *Datapath) {
 	if r.SNATTimeouts != nil {
 		snatTimeouts(s.sub("snat_timeouts"), r.SNATTimeouts, &d.SNATTimeouts)
 	}
+	if r.DrainTimeout != nil {
+		if t, ok := s.duration("drain_timeout", r.DrainTimeout); ok {
+			d.DrainTimeout = t
+		}
+	}
 }
 
 // snatTimeouts validates [datapath.snat_timeouts]. Below a second a

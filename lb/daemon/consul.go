@@ -18,6 +18,9 @@ import (
 	"github.com/l4lb/l4lb/lb/config"
 )
 
+// consulSource names the Consul source's snapshots.
+const consulSource = consul.SourceName
+
 // consulStartWait is how long a start waits for Consul's first snapshot
 // before programming the datapath. After a restart the pinned maps still
 // hold Consul's services; programming without them would withdraw them
@@ -58,6 +61,7 @@ func (d *Daemon) startConsul(ctx context.Context) (stop func(), err error) {
 	select {
 	case snap := <-r.out:
 		d.merger.Update(snap)
+		d.sourceAnswered(snap.Source)
 		d.log.Info("Consul services read", "services", len(snap.Services))
 	case <-time.After(consulStartWait):
 		d.log.Warn("Consul has not answered yet; starting without its services, they follow as soon as it does", "address", d.cfg.Consul.Address, "waited", consulStartWait)

@@ -27,7 +27,9 @@ import (
 	"github.com/l4lb/l4lb/lb/api"
 	"github.com/l4lb/l4lb/lb/config"
 	"github.com/l4lb/l4lb/lb/datapath"
+	"github.com/l4lb/l4lb/lb/health"
 	"github.com/l4lb/l4lb/lb/maglev"
+	"github.com/l4lb/l4lb/lb/metrics"
 	"github.com/l4lb/l4lb/lb/reconciler"
 )
 
@@ -61,6 +63,17 @@ type Daemon struct {
 
 	view atomic.Pointer[view]
 
+	health *health.Manager
+	// Drain timeouts (health.go): when each draining backend started
+	// draining, which ones were cut, and the timer of the next deadline.
+	drainSince map[overrideKey]time.Time
+	drainCut   map[overrideKey]bool
+	drainTimer *time.Timer
+	// waiting is set while adopted services may belong to a source that
+	// has not answered yet (the reconciler keeps unclaimed services).
+	waiting bool
+	metrics *metrics.Recorder
+
 	// The Consul source, when configured (consul.go).
 	consulRun atomic.Pointer[consulRun]
 	consulCtx context.Context // control loop only
@@ -72,13 +85,21 @@ type Daemon struct {
 // view is what the API reads: replaced as a whole after every change.
 type view struct {
 	services []lb.Service // desired, defaults resolved, overrides applied
+	// programmed is services as handed to the reconciler: backends whose
+	// health checks fail have weight 0, drained-out ones are disabled.
+	programmed []lb.Service
 	// configStates are the sources' states of overridden backends.
-	configStates map[overrideKey]lb.BackendState
-	conflicts    []string
-	rejected     []string
-	recErr       string
-	state        reconciler.State
-	cfg          *config.Config
+	configStates   map[overrideKey]lb.BackendState
+	conflicts      []string
+	conflictList   []discovery.Conflict
+	rejected       []string
+	refused        []metrics.Refusal
+	healthWarnings []string
+	// health is the checks' state when services was programmed.
+	health map[health.Key]health.Status
+	recErr string
+	state  reconciler.State
+	cfg    *config.Config
 }
 
 // New loads and validates the configuration; nothing touches the kernel yet.
@@ -94,16 +115,22 @@ func New(opts Options) (*Daemon, error) {
 		}
 	}
 	d := &Daemon{
-		opts:     opts,
-		log:      opts.Log,
-		started:  time.Now(),
-		cfg:      cfg,
-		merger:   discovery.NewMerger(),
-		file:     file.New(opts.ConfigPath),
-		snaps:    make(chan discovery.Snapshot, 16),
-		reload:   make(chan chan error),
-		requests: make(chan request),
+		opts:       opts,
+		log:        opts.Log,
+		started:    time.Now(),
+		cfg:        cfg,
+		merger:     discovery.NewMerger(),
+		file:       file.New(opts.ConfigPath),
+		snaps:      make(chan discovery.Snapshot, 16),
+		reload:     make(chan chan error),
+		requests:   make(chan request),
+		drainSince: map[overrideKey]time.Time{},
+		drainCut:   map[overrideKey]bool{},
+		drainTimer: time.NewTimer(time.Hour),
+		metrics:    metrics.NewRecorder(),
 	}
+	d.drainTimer.Stop()
+	d.metrics.ConfigLoaded(time.Now())
 	ov, err := loadOverrides(cfg.Daemon.AdminSocket)
 	if err != nil {
 		d.log.Warn("backend overrides not restored", "error", err)
@@ -166,8 +193,17 @@ func (d *Daemon) Run(ctx context.Context) error {
 	}
 	if n := len(st.Services); n > 0 {
 		d.log.Info("adopted pinned datapath state", "services", n)
+		if cfg.Consul != nil {
+			// Until Consul answers, an adopted service missing from the
+			// file may be one of Consul's: keep it rather than drop
+			// its traffic.
+			d.waiting = true
+			rec.SetKeepUnclaimed(true)
+		}
 	}
 	d.rec = rec
+	d.health = health.New(health.Options{Log: d.log})
+	defer d.health.Stop()
 
 	stopConsul, err := d.startConsul(ctx)
 	if err != nil {
@@ -193,6 +229,18 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	msrv, err := metrics.Listen(cfg.Daemon.MetricsListen, metrics.NewRegistry(d, d.metrics, Version), d.log)
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := msrv.Serve(ctx); err != nil {
+			d.log.Error("metrics server stopped", "error", err)
+		}
+	}()
 	srv := api.NewServer(d, d.log)
 	wg.Add(1)
 	go func() {
@@ -233,15 +281,21 @@ func (d *Daemon) attach(cfg *config.Config) error {
 		if err != nil {
 			return err
 		}
+		if err := d.dp.AttachHealth(ifc); err != nil {
+			return err
+		}
 	}
 	for _, old := range d.dp.PinnedLinks() {
-		if old.Hook == hook && slices.Contains(cfg.Datapath.Interfaces, old.Interface) {
+		if (old.Hook == hook || old.Hook == "hc") && slices.Contains(cfg.Datapath.Interfaces, old.Interface) {
 			continue
 		}
 		d.log.Info("detaching from an interface or hook no longer configured", "interface", old.Interface, "hook", old.Hook)
 		detach := d.dp.DetachXDP
-		if old.Hook == "tc" {
+		switch old.Hook {
+		case "tc":
 			detach = d.dp.DetachTC
+		case "hc":
+			detach = d.dp.DetachHealth
 		}
 		if err := detach(old.Interface); err != nil {
 			d.log.Error("detach failed", "interface", old.Interface, "hook", old.Hook, "error", err)
@@ -271,6 +325,17 @@ func (d *Daemon) loop(ctx context.Context) error {
 			return nil
 		case snap := <-d.snaps:
 			d.merger.Update(snap)
+			d.sourceAnswered(snap.Source)
+		case <-d.health.Events():
+			// Coalesce a burst of health changes into one pass.
+			for drained := false; !drained; {
+				select {
+				case <-d.health.Events():
+				default:
+					drained = true
+				}
+			}
+		case <-d.drainTimer.C:
 		case req := <-d.requests:
 			err := req.f()
 			if req.ping {
@@ -290,6 +355,7 @@ func (d *Daemon) loop(ctx context.Context) error {
 			err := d.doReload()
 			aerr := d.apply()
 			d.publishReload(err)
+			d.metrics.ObserveReload(time.Now(), err)
 			done <- err
 			if aerr != nil {
 				retry.Reset(backoff)
@@ -344,6 +410,16 @@ func (d *Daemon) doReload() error {
 	return nil
 }
 
+// sourceAnswered ends the wait for sources after a restart once the last
+// source that could own adopted services (Consul) has answered.
+func (d *Daemon) sourceAnswered(source string) {
+	if d.waiting && source == consulSource {
+		d.waiting = false
+		d.rec.SetKeepUnclaimed(false)
+		d.log.Info("every discovery source answered; services no source claims are removed")
+	}
+}
+
 // publishReload records the outcome of a reload for status.
 func (d *Daemon) publishReload(err error) {
 	d.mu.Lock()
@@ -393,6 +469,7 @@ func (d *Daemon) apply() error {
 	var (
 		desired  []lb.Service
 		rejected []string
+		refused  []metrics.Refusal
 	)
 	seen := map[overrideKey]bool{}
 	configStates := map[overrideKey]lb.BackendState{}
@@ -408,6 +485,7 @@ func (d *Daemon) apply() error {
 		// The datapath's own check also knows its SNAT addresses.
 		if err := d.dp.Supported(svc); err != nil {
 			rejected = append(rejected, fmt.Sprintf("service %q (%s): %v", svc.Name, svc.Source, err))
+			refused = append(refused, metrics.Refusal{Service: svc.Name, Source: svc.Source, Reason: metrics.RefusedUnsupported})
 			continue
 		}
 		desired = append(desired, svc)
@@ -423,11 +501,27 @@ func (d *Daemon) apply() error {
 	for _, r := range rejected {
 		d.log.Error("service refused", "reason", r)
 	}
-	err := d.rec.Reconcile(desired)
+	if next := d.applyDrainTimeouts(desired, time.Now()); !next.IsZero() {
+		d.drainTimer.Reset(time.Until(next))
+	}
+	programmed, warnings := d.applyHealth(desired)
+	for _, w := range warnings {
+		d.log.Warn(w)
+	}
+	start := time.Now()
+	err := d.rec.Reconcile(programmed)
+	d.metrics.ObserveReconcile(time.Since(start), err)
 	if err != nil {
 		d.log.Error("reconcile failed; retrying", "error", err)
 	}
-	v := &view{services: desired, configStates: configStates, rejected: rejected, state: d.rec.Programmed(), cfg: d.cfg}
+	state := d.rec.Programmed()
+	// Probe every backend that has an entry, healthy or not: a backend
+	// that failed must be able to come back.
+	d.health.Update(desired, healthTargets(state))
+	refused = append(refused, mapFull(err, desired)...)
+	d.countNewRefusals(refused)
+	v := &view{services: desired, programmed: programmed, configStates: configStates, rejected: rejected, refused: refused,
+		conflictList: conflicts, state: state, cfg: d.cfg, healthWarnings: warnings, health: d.health.States()}
 	for _, c := range conflicts {
 		v.conflicts = append(v.conflicts, c.String())
 	}

@@ -10,7 +10,9 @@ import (
 
 	"github.com/l4lb/l4lb/lb"
 	"github.com/l4lb/l4lb/lb/api"
+	"github.com/l4lb/l4lb/lb/health"
 	"github.com/l4lb/l4lb/lb/maglev"
+	"github.com/l4lb/l4lb/lb/metrics"
 	"github.com/l4lb/l4lb/lb/reconciler"
 )
 
@@ -33,6 +35,7 @@ func (d *Daemon) Status() api.Status {
 		Services:        len(v.services),
 		Conflicts:       v.conflicts,
 		Rejected:        v.rejected,
+		HealthWarnings:  v.healthWarnings,
 		ReconcileError:  v.recErr,
 		Discovery:       d.discoveryStatus(),
 	}
@@ -61,6 +64,11 @@ func (d *Daemon) Services() []api.Service {
 	for _, s := range v.state.Services {
 		byFE[s.Service.Frontend] = s
 	}
+	fingerprints := map[string]string{}
+	for _, svc := range v.programmed {
+		fingerprints[svc.Name] = maglev.Fingerprint(v.cfg.Maglev.Seed, svc.TableSize, eligible(svc))
+	}
+	states := v.health
 	out := make([]api.Service, 0, len(v.services))
 	for _, svc := range v.services {
 		ps := byFE[svc.Frontend]
@@ -71,7 +79,7 @@ func (d *Daemon) Services() []api.Service {
 			Dispatch:    svc.Dispatch.String(),
 			TableSize:   svc.TableSize,
 			Source:      svc.Source,
-			Fingerprint: maglev.Fingerprint(v.cfg.Maglev.Seed, svc.TableSize, eligible(svc)),
+			Fingerprint: fingerprints[svc.Name],
 		}
 		if d.dp != nil && ps.ID != 0 {
 			if c, err := d.dp.ServiceCounters(ps.ID); err == nil {
@@ -92,6 +100,10 @@ func (d *Daemon) Services() []api.Service {
 				ab.Override = true
 				ab.ConfigState = cs.String()
 			}
+			ab.Health = healthName(healthOf(v, svc, b))
+			if st, ok := states[health.Key{Service: svc.Name, Backend: b.Addr}]; ok && st.State == health.Down {
+				ab.HealthError = st.LastError
+			}
 			if id, ok := ids[b.Addr]; ok {
 				ab.Slots = slots[id]
 				if d.dp != nil {
@@ -105,6 +117,18 @@ func (d *Daemon) Services() []api.Service {
 		out = append(out, as)
 	}
 	return out
+}
+
+func healthName(h metrics.Health) string {
+	switch h {
+	case metrics.HealthHealthy:
+		return "healthy"
+	case metrics.HealthUnhealthy:
+		return "unhealthy"
+	case metrics.HealthUnknown:
+		return "unknown"
+	}
+	return "unchecked"
 }
 
 // eligible are the backends that take part in the Maglev table.

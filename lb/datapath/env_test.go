@@ -127,6 +127,8 @@ type envOptions struct {
 	snatAddrs                []netip.Addr
 	snatPortMin, snatPortMax uint16
 	snatTimeouts             datapath.SNATTimeouts
+	// maxBackends is the backend map's capacity; 0 means 256.
+	maxBackends uint32
 }
 
 type xdpMD struct {
@@ -140,6 +142,9 @@ func newEnvWith(t testing.TB, o envOptions) *env {
 	testnet.RequireRoot(t)
 	if o.conntrackMax == 0 {
 		o.conntrackMax = 4096
+	}
+	if o.maxBackends == 0 {
+		o.maxBackends = 256
 	}
 	ns := testnet.NewNS(t, "pkt")
 	peer := testnet.NewNS(t, "peer")
@@ -157,7 +162,7 @@ func newEnvWith(t testing.TB, o envOptions) *env {
 	lbd, err := datapath.Load(datapath.Config{
 		Seed:          testSeed,
 		MaxServices:   64,
-		MaxBackends:   256,
+		MaxBackends:   o.maxBackends,
 		ConntrackMax:  o.conntrackMax,
 		SNATAddresses: o.snatAddrs,
 		SNATPortMin:   o.snatPortMin,
@@ -169,7 +174,7 @@ func newEnvWith(t testing.TB, o envOptions) *env {
 		t.Fatalf("load datapath: %v", err)
 	}
 	t.Cleanup(func() { lbd.Close() })
-	rec := reconciler.New(reconciler.Config{Seed: testSeed, MaxServices: 64, MaxBackends: 256}, lbd, nil)
+	rec := reconciler.New(reconciler.Config{Seed: testSeed, MaxServices: 64, MaxBackends: o.maxBackends}, lbd, nil)
 	link := ns.Link(t, "lb0")
 	return &env{ns: ns, lb: lbd, rec: rec, ifindex: link.Attrs().Index, lbMAC: link.Attrs().HardwareAddr}
 }

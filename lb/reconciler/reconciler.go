@@ -105,6 +105,10 @@ type Reconciler struct {
 
 	builder maglev.Builder
 
+	// keepUnclaimed leaves programmed services that desired does not name
+	// in place (SetKeepUnclaimed).
+	keepUnclaimed bool
+
 	// Chunk limits, the constants above except in tests.
 	maxTables, maxSlots, maxServices int
 
@@ -225,6 +229,19 @@ func New(cfg Config, dp Datapath, log *slog.Logger) *Reconciler {
 	}
 }
 
+// SetKeepUnclaimed makes Reconcile leave alone every programmed service
+// that the desired state does not name, instead of deleting it. After a
+// restart the daemon adopts what the pinned maps hold before every
+// discovery source has answered; until then a service absent from the
+// desired state may simply belong to a source that has not spoken yet, and
+// deleting it would drop its traffic. Services that are named are still
+// updated as usual.
+func (r *Reconciler) SetKeepUnclaimed(keep bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.keepUnclaimed = keep
+}
+
 // Reconcile makes the datapath hold desired, a complete set of services with
 // defaults resolved (lb.Service.WithDefaults). Services are keyed by frontend;
 // a later service that claims a frontend or name already claimed in desired
@@ -289,7 +306,7 @@ func (r *Reconciler) Reconcile(desired []lb.Service) error {
 	// the queues, so they are handed out in this pass only when nothing else
 	// is left, which is exactly when a full datapath needs them.
 	gone := append(r.gone[:0], r.orphans...)
-	if seen < len(r.services) {
+	if seen < len(r.services) && !r.keepUnclaimed {
 		n := len(gone)
 		for _, v := range r.services {
 			if v.seen != r.gen {

@@ -226,3 +226,36 @@ func TestRestoreValidation(t *testing.T) {
 		t.Errorf("NewFromState(good) = %v", err)
 	}
 }
+
+// TestKeepUnclaimed: while keep is on, a restored service that the desired
+// state does not name stays programmed; once off, the next pass removes it.
+func TestKeepUnclaimed(t *testing.T) {
+	fake := reconcilertest.NewFake()
+	r := reconciler.New(testConfig(), fake, nil)
+	a, b := svc("a", "10.0.0.1", 80, be("10.1.0.1:80")), svc("b", "10.0.0.2", 80, be("10.1.0.2:80"))
+	if err := r.Reconcile([]lb.Service{a, b}); err != nil {
+		t.Fatal(err)
+	}
+	restored, err := reconciler.NewFromState(testConfig(), fake, nil, fake.State())
+	if err != nil {
+		t.Fatal(err)
+	}
+	restored.SetKeepUnclaimed(true)
+	fake.ResetOps()
+	if err := restored.Reconcile([]lb.Service{a}); err != nil {
+		t.Fatal(err)
+	}
+	if ops := fake.Ops(); len(ops) != 0 {
+		t.Fatalf("keep on: %d ops %v, want none (b is kept, a unchanged)", len(ops), ops)
+	}
+	restored.SetKeepUnclaimed(false)
+	if err := restored.Reconcile([]lb.Service{a}); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(restored.Programmed().Services); n != 1 {
+		t.Fatalf("keep off: %d services programmed, want 1", n)
+	}
+	if err := fake.CheckInvariants(); err != nil {
+		t.Fatal(err)
+	}
+}

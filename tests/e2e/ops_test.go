@@ -285,3 +285,60 @@ func TestReloadOnFileChange(t *testing.T) {
 	}
 	c.Abort()
 }
+
+// TestDrainTimeout: a draining backend keeps its established flows until
+// the drain timeout, then they move; flows on other backends are untouched.
+func TestDrainTimeout(t *testing.T) {
+	tp := topo.New(t, topo.Options{LBs: 1, Backends: 2})
+	for _, be := range tp.Backends {
+		be.HoldVIPs(vip4)
+		be.StartCompanion(l4lbd(), vip4.String())
+		be.Serve(netip.AddrPortFrom(vip4, 80))
+	}
+	tp.RouteVIPs(tp.LBs[0], vip4)
+	cfg := strings.Replace(dsrConfig(21, 22), "max_backends  = 256", "max_backends  = 256\ndrain_timeout = \"1500ms\"", 1)
+	d := tp.LBs[0].StartL4LBD(l4lbd(), cfg)
+	web := netip.AddrPortFrom(vip4, 80)
+	var on1, on2 []*topo.Conn
+	for len(on1) < 3 || len(on2) < 3 {
+		c, err := tp.Client.DialTCP(0, web)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(c.Abort)
+		if err := c.Echo("hi"); err != nil {
+			t.Fatal(err)
+		}
+		if c.Backend == "be1" {
+			on1 = append(on1, c)
+		} else {
+			on2 = append(on2, c)
+		}
+	}
+	be2 := netip.MustParseAddrPort(topo.Prefix4 + "22:80")
+	start := time.Now()
+	if err := d.API().Backend(t.Context(), "web4", be2, "drain"); err != nil {
+		t.Fatal(err)
+	}
+	// Within the timeout the drained backend's flows go on.
+	for _, c := range on2 {
+		if err := c.Echo("during drain"); err != nil {
+			t.Fatalf("flow on draining be2 broke %s into the drain: %v", time.Since(start), err)
+		}
+	}
+	time.Sleep(time.Until(start.Add(2500 * time.Millisecond)))
+	broken := 0
+	for _, c := range on2 {
+		if err := c.Echo("after timeout"); err != nil {
+			broken++
+		}
+	}
+	if broken != len(on2) {
+		t.Errorf("%d of %d flows on be2 still reach it after the drain timeout", len(on2)-broken, len(on2))
+	}
+	for _, c := range on1 {
+		if err := c.Echo("other backend"); err != nil {
+			t.Errorf("flow on be1 broke: %v", err)
+		}
+	}
+}

@@ -1,0 +1,139 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package daemon
+
+import (
+	"fmt"
+	"net/netip"
+	"time"
+
+	"github.com/l4lb/l4lb/lb"
+	"github.com/l4lb/l4lb/lb/datapath"
+	"github.com/l4lb/l4lb/lb/health"
+	"github.com/l4lb/l4lb/lb/reconciler"
+)
+
+// healthTargets says how each backend is probed. A DSR backend is checked
+// the way clients reach it: a probe to the VIP whose socket mark names the
+// backend, which the datapath's l4lb_hc program dispatches to exactly that
+// backend. SNAT backends, and DSR backends not programmed yet (no id to
+// mark), are probed on their own address.
+func healthTargets(st reconciler.State) func(svc lb.Service, b lb.Backend) health.Target {
+	ids := map[lb.Frontend]map[netip.AddrPort]reconciler.BackendID{}
+	for _, s := range st.Services {
+		m := map[netip.AddrPort]reconciler.BackendID{}
+		for _, b := range s.Backends {
+			m[b.Addr] = b.ID
+		}
+		ids[s.Service.Frontend] = m
+	}
+	return func(svc lb.Service, b lb.Backend) health.Target {
+		if svc.Mode == lb.ModeDSR {
+			if id, ok := ids[svc.Frontend][b.Addr]; ok {
+				return health.ThroughVIP(svc, datapath.HealthMarkFor(id))
+			}
+		}
+		return health.Direct(svc, b)
+	}
+}
+
+// applyHealth takes backends whose checks fail out of the Maglev table
+// (weight 0): only their slots move. Their entries stay programmed, so
+// established flows are not cut by a false alarm and the through-VIP probe
+// can still reach them and bring them back. When every checked backend of
+// a service is down, the checks are ignored for it (fail open): more likely
+// the probes are broken than every backend at once, and dropping all of the
+// service's traffic would be the worst answer.
+func (d *Daemon) applyHealth(svcs []lb.Service) (out []lb.Service, warnings []string) {
+	if d.health == nil {
+		return svcs, nil
+	}
+	states := d.health.States()
+	up := func(svc lb.Service, b lb.Backend) bool {
+		st, ok := states[health.Key{Service: svc.Name, Backend: b.Addr}]
+		return !ok || st.State == health.Up
+	}
+	out = make([]lb.Service, len(svcs))
+	for i, svc := range svcs {
+		out[i] = svc
+		if svc.Health.Type == lb.HealthNone {
+			continue
+		}
+		down, candidates := 0, 0
+		for _, b := range svc.Backends {
+			if b.State != lb.Active || b.Weight == 0 {
+				continue
+			}
+			candidates++
+			if !up(svc, b) {
+				down++
+			}
+		}
+		if down == 0 {
+			continue
+		}
+		if down == candidates {
+			warnings = append(warnings, fmt.Sprintf("service %q: every backend fails its health check; ignoring the checks (fail open) until one passes", svc.Name))
+			continue
+		}
+		bs := append([]lb.Backend(nil), svc.Backends...)
+		for j, b := range bs {
+			if b.State == lb.Active && !up(svc, b) {
+				bs[j].Weight = 0
+			}
+		}
+		out[i].Backends = bs
+	}
+	return out, warnings
+}
+
+// applyDrainTimeouts turns draining backends whose drain timeout passed
+// into disabled ones, which moves their remaining flows. It returns the
+// time of the next deadline (zero when none), for the control loop's timer.
+// A draining backend's clock starts when this daemon first sees it
+// draining, or when its runtime override was set.
+func (d *Daemon) applyDrainTimeouts(svcs []lb.Service, now time.Time) (next time.Time) {
+	seen := map[overrideKey]bool{}
+	for i := range svcs {
+		svc := &svcs[i]
+		for j, b := range svc.Backends {
+			if b.State != lb.Draining {
+				continue
+			}
+			k := overrideKey{Service: svc.Name, Backend: b.Addr}
+			seen[k] = true
+			since, ok := d.drainSince[k]
+			if !ok {
+				since = now
+				if ov, ok := d.overrides.m[k]; ok && ov.State == lb.Draining && !ov.Since.IsZero() {
+					since = ov.Since
+				}
+				d.drainSince[k] = since
+			}
+			if svc.DrainTimeout <= 0 {
+				continue
+			}
+			deadline := since.Add(svc.DrainTimeout)
+			if !now.Before(deadline) {
+				if !d.drainCut[k] {
+					d.drainCut[k] = true
+					d.log.Info("drain timeout passed; moving the backend's remaining flows", "service", svc.Name, "backend", b.Addr)
+				}
+				bs := append([]lb.Backend(nil), svc.Backends...)
+				bs[j].State = lb.Disabled
+				svc.Backends = bs
+				continue
+			}
+			if next.IsZero() || deadline.Before(next) {
+				next = deadline
+			}
+		}
+	}
+	for k := range d.drainSince {
+		if !seen[k] {
+			delete(d.drainSince, k)
+			delete(d.drainCut, k)
+		}
+	}
+	return next
+}

@@ -1,0 +1,176 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package daemon
+
+import (
+	"net/netip"
+	"regexp"
+	"strings"
+
+	"github.com/l4lb/l4lb/lb"
+	"github.com/l4lb/l4lb/lb/health"
+	"github.com/l4lb/l4lb/lb/maglev"
+	"github.com/l4lb/l4lb/lb/metrics"
+	"github.com/l4lb/l4lb/lb/reconciler"
+)
+
+var _ metrics.Source = (*Daemon)(nil)
+
+// Snapshot implements metrics.Source: the view the control loop published
+// last, and the datapath's counters read now.
+func (d *Daemon) Snapshot() metrics.Snapshot {
+	v := d.view.Load()
+	var snap metrics.Snapshot
+	byFE := map[lb.Frontend]reconciler.ServiceState{}
+	for _, s := range v.state.Services {
+		byFE[s.Service.Frontend] = s
+	}
+	fingerprints := map[string]string{}
+	for _, svc := range v.programmed {
+		fingerprints[svc.Name] = maglev.Fingerprint(v.cfg.Maglev.Seed, svc.TableSize, eligible(svc))
+	}
+	for _, svc := range v.services {
+		ps := byFE[svc.Frontend]
+		ms := metrics.Service{
+			Name: svc.Name, Frontend: svc.Frontend, Mode: svc.Mode, Dispatch: svc.Dispatch,
+			Source: svc.Source, Fingerprint: fingerprints[svc.Name],
+		}
+		if d.dp != nil && ps.ID != 0 {
+			if c, err := d.dp.ServiceCounters(ps.ID); err == nil {
+				mc := metrics.Counters(c)
+				ms.Counters = &mc
+			} else {
+				snap.Errors = append(snap.Errors, err)
+			}
+		}
+		ids := map[netip.AddrPort]reconciler.BackendID{}
+		for _, b := range ps.Backends {
+			ids[b.Addr] = b.ID
+		}
+		for _, b := range svc.Backends {
+			mb := metrics.Backend{Addr: b.Addr, Weight: b.Weight, State: b.State, Health: healthOf(v, svc, b)}
+			_, mb.Override = v.configStates[overrideKey{Service: svc.Name, Backend: b.Addr}]
+			if id, ok := ids[b.Addr]; ok && d.dp != nil {
+				if c, err := d.dp.BackendCounters(id); err == nil {
+					mc := metrics.Counters(c)
+					mb.Counters = &mc
+				} else {
+					snap.Errors = append(snap.Errors, err)
+				}
+			}
+			ms.Backends = append(ms.Backends, mb)
+		}
+		snap.Services = append(snap.Services, ms)
+	}
+	if d.dp != nil {
+		if reasons, err := d.dp.Reasons(); err == nil {
+			for _, name := range d.dp.ReasonNames() {
+				r := reasons[name]
+				snap.Reasons = append(snap.Reasons, metrics.Reason{Name: name, Packets: r.Packets, Bytes: r.Bytes})
+			}
+		} else {
+			snap.Errors = append(snap.Errors, err)
+		}
+		if n, err := d.dp.ConntrackEntries(); err == nil {
+			snap.Conntrack = &metrics.Table{Entries: uint64(n), Capacity: uint64(d.dp.ConntrackCapacity())}
+		} else {
+			snap.Errors = append(snap.Errors, err)
+		}
+		if flows, _, err := d.dp.SNATEntries(); err == nil {
+			snap.SNAT = &metrics.Table{Entries: uint64(flows), Capacity: uint64(d.dp.SNATCapacity())}
+		} else {
+			snap.Errors = append(snap.Errors, err)
+		}
+		snap.Maps = d.mapOccupancy(v)
+	}
+	for _, s := range d.discoveryStatus() {
+		snap.Discovery = append(snap.Discovery, metrics.Discovery{Name: s.Name, LastSync: s.LastSync})
+	}
+	for _, c := range v.conflictList {
+		snap.Conflicts = append(snap.Conflicts, metrics.Conflict{Service: c.Service, Source: c.Source, Reason: c.Reason})
+	}
+	snap.Refused = append(snap.Refused, v.refused...)
+	return snap
+}
+
+// healthOf is the health state of a backend as of the view, so status
+// agrees with what is programmed.
+func healthOf(v *view, svc lb.Service, b lb.Backend) metrics.Health {
+	if svc.Health.Type == lb.HealthNone {
+		return metrics.HealthUnchecked
+	}
+	st, ok := v.health[health.Key{Service: svc.Name, Backend: b.Addr}]
+	switch {
+	case !ok:
+		return metrics.HealthUnknown
+	case st.State == health.Up:
+		return metrics.HealthHealthy
+	default:
+		return metrics.HealthUnhealthy
+	}
+}
+
+// mapOccupancy is the fill of the maps the control plane sizes: derived
+// from what is programmed (the service, backend and table maps hold one
+// entry per programmed object) and from the walks done for conntrack/SNAT.
+func (d *Daemon) mapOccupancy(v *view) []metrics.Map {
+	var backends, tables int
+	for _, s := range v.state.Services {
+		backends += len(s.Backends)
+		if s.HasTable {
+			tables++
+		}
+	}
+	return []metrics.Map{
+		{Name: "services", Entries: uint64(len(v.state.Services)), Capacity: uint64(v.cfg.Datapath.MaxServices)},
+		{Name: "backends", Entries: uint64(backends), Capacity: uint64(v.cfg.Datapath.MaxBackends)},
+		{Name: "maglev", Entries: uint64(tables), Capacity: uint64(v.cfg.Datapath.MaxServices)},
+	}
+}
+
+var serviceInError = regexp.MustCompile(`^service "([^"]+)"`)
+
+// mapFull lists the services a reconcile refused because a map is full.
+// The reconciler names the service first in each of its errors.
+func mapFull(err error, desired []lb.Service) []metrics.Refusal {
+	if err == nil {
+		return nil
+	}
+	sources := map[string]string{}
+	for _, s := range desired {
+		sources[s.Name] = s.Source
+	}
+	var errs []error
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		errs = j.Unwrap()
+	} else {
+		errs = []error{err}
+	}
+	var out []metrics.Refusal
+	for _, e := range errs {
+		msg := e.Error()
+		if !strings.Contains(msg, "map full") {
+			continue
+		}
+		if m := serviceInError.FindStringSubmatch(msg); m != nil {
+			out = append(out, metrics.Refusal{Service: m[1], Source: sources[m[1]], Reason: metrics.RefusedMapFull})
+		}
+	}
+	return out
+}
+
+// countNewRefusals feeds the refusal counter with services refused now that
+// were not refused in the previous view.
+func (d *Daemon) countNewRefusals(now []metrics.Refusal) {
+	before := map[metrics.Refusal]bool{}
+	if v := d.view.Load(); v != nil {
+		for _, r := range v.refused {
+			before[r] = true
+		}
+	}
+	for _, r := range now {
+		if !before[r] {
+			d.metrics.ServiceRefused(r.Reason)
+		}
+	}
+}
