@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"regexp"
 	"strings"
+	"time"
 
 	"github.com/l4lb/l4lb/lb"
 	"github.com/l4lb/l4lb/lb/health"
@@ -15,6 +16,10 @@ import (
 )
 
 var _ metrics.Source = (*Daemon)(nil)
+
+// countMaxAge is how old a count of the connection or SNAT tables may be
+// when status or a scrape asks: counting walks the whole table.
+const countMaxAge = 5 * time.Second
 
 // Snapshot implements metrics.Source: the view the control loop published
 // last, and the datapath's counters read now.
@@ -71,12 +76,12 @@ func (d *Daemon) Snapshot() metrics.Snapshot {
 		} else {
 			snap.Errors = append(snap.Errors, err)
 		}
-		if n, err := d.dp.ConntrackEntries(); err == nil {
+		if n, err := d.dp.ConntrackEntriesWithin(countMaxAge); err == nil {
 			snap.Conntrack = &metrics.Table{Entries: uint64(n), Capacity: uint64(d.dp.ConntrackCapacity())}
 		} else {
 			snap.Errors = append(snap.Errors, err)
 		}
-		if flows, _, err := d.dp.SNATEntries(); err == nil {
+		if flows, _, err := d.dp.SNATEntriesWithin(countMaxAge); err == nil {
 			snap.SNAT = &metrics.Table{Entries: uint64(flows), Capacity: uint64(d.dp.SNATCapacity())}
 		} else {
 			snap.Errors = append(snap.Errors, err)

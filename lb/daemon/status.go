@@ -147,7 +147,7 @@ func (d *Daemon) Conntrack() (api.Conntrack, error) {
 	if d.dp == nil {
 		return api.Conntrack{}, errors.New("datapath not loaded")
 	}
-	n, err := d.dp.ConntrackEntries()
+	n, err := d.dp.ConntrackEntriesWithin(countMaxAge)
 	if err != nil {
 		return api.Conntrack{}, err
 	}

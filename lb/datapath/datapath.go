@@ -69,7 +69,19 @@ type Config struct {
 	// SNATTimeouts are the idle timeouts of SNAT bindings; zero fields take
 	// DefaultSNATTimeouts.
 	SNATTimeouts SNATTimeouts
-	Log          *slog.Logger
+	// ICMPRateLimit is how many ICMP fragmentation-needed / packet-too-big
+	// answers each CPU may send per second, in bursts of up to as many.
+	// 0 sends none: a packet too big for the path is dropped and counted
+	// only. l4lbd passes datapath.icmp_rate_limit (default 100).
+	ICMPRateLimit uint32
+	// AffinityMax is the capacity of the client-IP affinity table, one
+	// entry per client of each service with affinity; 0 takes
+	// DefaultAffinityMax(ConntrackMax).
+	AffinityMax uint32
+	// MaxSourceRanges is how many source_ranges prefixes all services hold
+	// together; 0 takes DefaultMaxSourceRanges.
+	MaxSourceRanges uint32
+	Log             *slog.Logger
 }
 
 // Default encapsulation source prefixes. 172.16.0.0/16 and 100::/64 (the
@@ -96,6 +108,8 @@ type LB struct {
 	conntrack    *ebpf.Map
 	snatFwd      *ebpf.Map
 	snatRev      *ebpf.Map
+	affinity     *ebpf.Map
+	srcRanges    *ebpf.Map
 	svcStats     *ebpf.Map
 	backendStats *ebpf.Map
 	reasons      *ebpf.Map
@@ -104,6 +118,9 @@ type LB struct {
 
 	reasonNames []string
 	cpus        int
+	counts      entryCounts
+	// ranges is what src_ranges holds, by service id (ranges.go).
+	ranges *rangeCache
 
 	mu    sync.Mutex
 	links map[string]link.Link
@@ -132,7 +149,7 @@ func Load(cfg Config) (*LB, error) {
 	if cfg.MaxBackends >= ^HealthMarkMask {
 		return nil, fmt.Errorf("datapath: max_backends %d does not fit the health-probe mark (at most %d)", cfg.MaxBackends, ^HealthMarkMask-1)
 	}
-	cfg = resolveSNATAddresses(withSNATDefaults(cfg))
+	cfg = withPolicyDefaults(resolveSNATAddresses(withSNATDefaults(cfg)))
 	spec, err := bpf.LoadLb()
 	if err != nil {
 		return nil, fmt.Errorf("datapath: read embedded LB object: %w", err)
@@ -147,7 +164,8 @@ func Load(cfg Config) (*LB, error) {
 	// LRU maps with per-CPU lists are rounded up by the kernel to a
 	// multiple of the CPU count; ask for that size, or a restarted daemon
 	// would find its own pinned maps "incompatible".
-	for name, n := range map[string]uint32{bpf.LbMapSnatFwd: cfg.SNATMax, bpf.LbMapSnatRev: cfg.SNATMax, bpf.LbMapConntrack: cfg.ConntrackMax} {
+	for name, n := range map[string]uint32{bpf.LbMapSnatFwd: cfg.SNATMax, bpf.LbMapSnatRev: cfg.SNATMax, bpf.LbMapConntrack: cfg.ConntrackMax,
+		bpf.LbMapAffinity: cfg.AffinityMax} {
 		spec.Maps[name].MaxEntries = perCPURound(n, cpus)
 	}
 	names, err := enumNames(spec.Types, "l4lb_reason", "L4LB_R_")
@@ -172,6 +190,8 @@ func Load(cfg Config) (*LB, error) {
 		conntrack:    coll.Maps[bpf.LbMapConntrack],
 		snatFwd:      coll.Maps[bpf.LbMapSnatFwd],
 		snatRev:      coll.Maps[bpf.LbMapSnatRev],
+		affinity:     coll.Maps[bpf.LbMapAffinity],
+		srcRanges:    coll.Maps[bpf.LbMapSrcRanges],
 		svcStats:     coll.Maps[bpf.LbMapSvcStats],
 		backendStats: coll.Maps[bpf.LbMapBackendStats],
 		reasons:      coll.Maps[bpf.LbMapReasons],
@@ -180,6 +200,10 @@ func Load(cfg Config) (*LB, error) {
 		reasonNames:  names,
 		cpus:         cpus,
 		links:        map[string]link.Link{},
+	}
+	if d.ranges, err = readRanges(d.srcRanges); err != nil {
+		coll.Close()
+		return nil, err
 	}
 	if cfg.KeepNeighbours {
 		d.neigh = newNeighbours(cfg.Log)
@@ -258,6 +282,11 @@ func configure(spec *ebpf.CollectionSpec, cfg Config) error {
 		return err
 	}
 	maps.Copy(vars, snat)
+	icmp, err := icmpVars(cfg.ICMPRateLimit)
+	if err != nil {
+		return err
+	}
+	maps.Copy(vars, icmp)
 	for name, v := range vars {
 		vs, ok := spec.Variables[name]
 		if !ok {
@@ -274,6 +303,7 @@ func configure(spec *ebpf.CollectionSpec, cfg Config) error {
 		bpf.LbMapBackends:     cfg.MaxBackends + 1,
 		bpf.LbMapBackendStats: cfg.MaxBackends + 1,
 		bpf.LbMapConntrack:    cfg.ConntrackMax,
+		bpf.LbMapSrcRanges:    cfg.MaxSourceRanges,
 	}
 	for name, n := range sizes {
 		spec.Maps[name].MaxEntries = n

@@ -3,6 +3,8 @@
 package datapath
 
 import (
+	"github.com/cilium/ebpf"
+
 	"encoding/binary"
 	"fmt"
 	"net/netip"
@@ -163,28 +165,29 @@ func (d *LB) SNATAddresses() []netip.Addr { return slices.Clone(d.cfg.SNATAddres
 // in the forward table (client flows with a binding) and ports in the
 // reverse table (claimed source tuples). A binding past its timeout counts
 // until a flow reuses its port or the LRU evicts it. Poll sparingly.
-func (d *LB) SNATEntries() (flows, ports int, err error) {
-	var (
-		fk bpf.LbFlowKey
-		fv bpf.LbSnatFwdValue
-		rk bpf.LbSnatRevKey
-		rv bpf.LbSnatRevValue
-	)
-	it := d.snatFwd.Iterate()
-	for it.Next(&fk, &fv) {
-		flows++
+func (d *LB) SNATEntries() (flows, ports int, err error) { return d.SNATEntriesWithin(0) }
+
+// SNATEntriesWithin is SNATEntries accepting counts at most maxAge old
+// (see ConntrackEntriesWithin).
+func (d *LB) SNATEntriesWithin(maxAge time.Duration) (flows, ports int, err error) {
+	flows, err = d.counts.count(d.snatFwd, maxAge, func(cur *ebpf.MapBatchCursor) (int, error) {
+		var (
+			k [countBatch]bpf.LbFlowKey
+			v [countBatch]bpf.LbSnatFwdValue
+		)
+		return d.snatFwd.BatchLookup(cur, k[:], v[:], nil)
+	})
+	if err != nil {
+		return flows, 0, err
 	}
-	if err := it.Err(); err != nil {
-		return flows, ports, fmt.Errorf("walk SNAT forward table: %w", err)
-	}
-	it = d.snatRev.Iterate()
-	for it.Next(&rk, &rv) {
-		ports++
-	}
-	if err := it.Err(); err != nil {
-		return flows, ports, fmt.Errorf("walk SNAT reverse table: %w", err)
-	}
-	return flows, ports, nil
+	ports, err = d.counts.count(d.snatRev, maxAge, func(cur *ebpf.MapBatchCursor) (int, error) {
+		var (
+			k [countBatch]bpf.LbSnatRevKey
+			v [countBatch]bpf.LbSnatRevValue
+		)
+		return d.snatRev.BatchLookup(cur, k[:], v[:], nil)
+	})
+	return flows, ports, err
 }
 
 // SNATCapacity is the size of each SNAT table (datapath.snat_max, rounded

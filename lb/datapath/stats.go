@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"sync"
+	"time"
 
 	"github.com/cilium/ebpf"
 
@@ -72,26 +74,88 @@ func (d *LB) Reasons() (map[string]ReasonCounters, error) {
 	return out, errors.Join(errs...)
 }
 
-// ConntrackEntries counts the entries of the connection table by walking
-// it; it costs one syscall per batch, so callers poll it sparingly.
-func (d *LB) ConntrackEntries() (int, error) {
+// ConntrackEntries counts the entries of the connection table now.
+func (d *LB) ConntrackEntries() (int, error) { return d.ConntrackEntriesWithin(0) }
+
+// ConntrackEntriesWithin counts the entries of the connection table, or
+// returns a count at most maxAge old. Counting walks the table (in batches
+// of 4096 entries per syscall), so status and metrics, which may ask on
+// every scrape, accept a slightly old count.
+func (d *LB) ConntrackEntriesWithin(maxAge time.Duration) (int, error) {
+	return d.counts.count(d.conntrack, maxAge, func(cur *ebpf.MapBatchCursor) (int, error) {
+		var (
+			k [countBatch]bpf.LbFlowKey
+			v [countBatch]bpf.LbCtValue
+		)
+		return d.conntrack.BatchLookup(cur, k[:], v[:], nil)
+	})
+}
+
+// ConntrackCapacity is the connection table's size (conntrack_max, rounded
+// up to a multiple of the CPU count as the kernel does).
+func (d *LB) ConntrackCapacity() uint32 { return d.conntrack.MaxEntries() }
+
+const countBatch = 4096
+
+// entryCounts caches map entry counts.
+type entryCounts struct {
+	mu sync.Mutex
+	m  map[*ebpf.Map]cachedCount
+}
+
+type cachedCount struct {
+	n  int
+	at time.Time
+}
+
+// count returns m's entry count, walking it with batch (which reads the
+// next batch at cur) unless a count at most maxAge old is cached. Maps without batch
+// support are walked one entry at a time.
+func (c *entryCounts) count(m *ebpf.Map, maxAge time.Duration, batch func(cur *ebpf.MapBatchCursor) (int, error)) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if cc, ok := c.m[m]; ok && time.Since(cc.at) < maxAge {
+		return cc.n, nil
+	}
 	var (
-		k  bpf.LbFlowKey
-		v  bpf.LbCtValue
+		cur ebpf.MapBatchCursor
+		n   int
+	)
+	for {
+		got, err := batch(&cur)
+		n += got
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			break
+		}
+		if errors.Is(err, ebpf.ErrNotSupported) {
+			return c.slowCount(m)
+		}
+		if err != nil {
+			return n, fmt.Errorf("walk %s: %w", m, err)
+		}
+	}
+	if c.m == nil {
+		c.m = map[*ebpf.Map]cachedCount{}
+	}
+	c.m[m] = cachedCount{n: n, at: time.Now()}
+	return n, nil
+}
+
+func (c *entryCounts) slowCount(m *ebpf.Map) (int, error) {
+	var (
 		n  int
-		it = d.conntrack.Iterate()
+		it = m.Iterate()
+		k  = make([]byte, m.KeySize())
+		v  = make([]byte, m.ValueSize())
 	)
 	for it.Next(&k, &v) {
 		n++
 	}
 	if err := it.Err(); err != nil {
-		return n, fmt.Errorf("walk connection table: %w", err)
+		return n, fmt.Errorf("walk %s: %w", m, err)
 	}
 	return n, nil
 }
-
-// ConntrackCapacity is the connection table's size.
-func (d *LB) ConntrackCapacity() uint32 { return d.cfg.ConntrackMax }
 
 // ConntrackLookup returns the backend id the connection table holds for a
 // client's flow to a service, if any.

@@ -88,8 +88,9 @@ func TestAdminAPI(t *testing.T) {
 		t.Fatalf("conntrack stats: %v\n%s", err, out)
 	}
 	ct, err := c.Conntrack(ctx)
-	if err != nil || ct.Entries < len(all) || ct.Capacity != 65536 {
-		t.Fatalf("conntrack %+v (%v), want >= %d entries of 65536", ct, err, len(all))
+	// The kernel rounds per-CPU LRU tables up to a multiple of the CPUs.
+	if err != nil || ct.Entries < len(all) || ct.Capacity < 65536 || ct.Capacity > 65536+1024 {
+		t.Fatalf("conntrack %+v (%v), want >= %d entries of about 65536", ct, err, len(all))
 	}
 
 	// Drain be3: established flows stay, new ones avoid it.

