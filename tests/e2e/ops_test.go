@@ -5,12 +5,15 @@ package e2e
 import (
 	"fmt"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/l4lb/l4lb/lb/api"
 	"github.com/l4lb/l4lb/tests/topo"
 )
 
@@ -341,4 +344,57 @@ func TestDrainTimeout(t *testing.T) {
 			t.Errorf("flow on be1 broke: %v", err)
 		}
 	}
+}
+
+// TestInvalidConfigsChangeNothing reloads every invalid config of the
+// lb/config corpus into a running l4lbd: each is rejected with its file:line
+// in status, and the programmed services stay exactly as they were.
+func TestInvalidConfigsChangeNothing(t *testing.T) {
+	corpus, err := filepath.Glob("../../lb/config/testdata/invalid/*.toml")
+	if err != nil || len(corpus) < 50 {
+		t.Fatalf("invalid-config corpus: %d files (%v), want at least 50", len(corpus), err)
+	}
+	tp := topo.New(t, topo.Options{LBs: 1, Backends: 2})
+	d := tp.LBs[0].StartL4LBD(l4lbd(), dsrConfig(21, 22))
+	ctx := t.Context()
+	before, err := d.API().Services(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	snapshot := func(svcs []api.Service) string {
+		var b strings.Builder
+		for _, s := range svcs {
+			fmt.Fprintf(&b, "%s %s %s %s %d %s|", s.Name, s.Frontend, s.Mode, s.Dispatch, s.TableSize, s.Fingerprint)
+			for _, be := range s.Backends {
+				fmt.Fprintf(&b, "%s %s %d %d;", be.Address, be.State, be.Weight, be.Slots)
+			}
+		}
+		return b.String()
+	}
+	want := snapshot(before)
+	for _, path := range corpus {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Keep the daemon's own paths so the file is only wrong where
+		// the corpus means it to be.
+		d.WriteConfig(string(data))
+		rl := d.Reload()
+		if rl.OK {
+			t.Errorf("%s: accepted", filepath.Base(path))
+			continue
+		}
+		if !strings.Contains(rl.Error, ".toml:") {
+			t.Errorf("%s: error without file:line: %s", filepath.Base(path), rl.Error)
+		}
+		after, err := d.API().Services(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := snapshot(after); got != want {
+			t.Fatalf("%s: a rejected config changed the services:\nbefore %s\nafter  %s", filepath.Base(path), want, got)
+		}
+	}
+	t.Logf("%d invalid configs rejected with file:line; the programmed state never changed", len(corpus))
 }
