@@ -504,7 +504,10 @@ func (d *Daemon) apply() error {
 	if next := d.applyDrainTimeouts(desired, time.Now()); !next.IsZero() {
 		d.drainTimer.Reset(time.Until(next))
 	}
-	programmed, warnings := d.applyHealth(desired)
+	// One snapshot of the checks serves both the reconcile and the view,
+	// so status never shows a state this pass did not program.
+	healthStates := d.health.States()
+	programmed, warnings := d.applyHealth(desired, healthStates)
 	for _, w := range warnings {
 		d.log.Warn(w)
 	}
@@ -518,10 +521,18 @@ func (d *Daemon) apply() error {
 	// Probe every backend that has an entry, healthy or not: a backend
 	// that failed must be able to come back.
 	d.health.Update(desired, healthTargets(state))
+	// The view shows the states this pass programmed; backends the update
+	// just started probing show their initial state, which is what they
+	// were programmed with (a backend not probed yet counts as up).
+	for k, st := range d.health.States() {
+		if _, ok := healthStates[k]; !ok {
+			healthStates[k] = st
+		}
+	}
 	refused = append(refused, mapFull(err, desired)...)
 	d.countNewRefusals(refused)
 	v := &view{services: desired, programmed: programmed, configStates: configStates, rejected: rejected, refused: refused,
-		conflictList: conflicts, state: state, cfg: d.cfg, healthWarnings: warnings, health: d.health.States()}
+		conflictList: conflicts, state: state, cfg: d.cfg, healthWarnings: warnings, health: healthStates}
 	for _, c := range conflicts {
 		v.conflicts = append(v.conflicts, c.String())
 	}

@@ -44,11 +44,10 @@ func healthTargets(st reconciler.State) func(svc lb.Service, b lb.Backend) healt
 // a service is down, the checks are ignored for it (fail open): more likely
 // the probes are broken than every backend at once, and dropping all of the
 // service's traffic would be the worst answer.
-func (d *Daemon) applyHealth(svcs []lb.Service) (out []lb.Service, warnings []string) {
+func (d *Daemon) applyHealth(svcs []lb.Service, states map[health.Key]health.Status) (out []lb.Service, warnings []string) {
 	if d.health == nil {
 		return svcs, nil
 	}
-	states := d.health.States()
 	up := func(svc lb.Service, b lb.Backend) bool {
 		st, ok := states[health.Key{Service: svc.Name, Backend: b.Addr}]
 		return !ok || st.State == health.Up

@@ -296,15 +296,28 @@ func (d *LB) PinnedLinks() []PinnedLink {
 }
 
 // enableForwarding switches on IPv4 and IPv6 forwarding for iface.
+//
+// Two consumers need it. bpf_fib_lookup refuses to route for an interface
+// whose own forwarding flag is off (IPv4 and IPv6 alike). And a packet the
+// program hands to the stack because the next hop's MAC is unknown
+// (pass_no_neigh) is forwarded by the stack itself: IPv4 honours the
+// interface's flag, but IPv6 only forwards when conf/all/forwarding is on,
+// or (Linux 6.17 and later) when the receiving interface has
+// force_forwarding. Turning on conf/all would make every interface of the
+// box a router (no more router advertisements accepted anywhere), so only
+// force_forwarding is written; on older kernels, IPv6 packets that take
+// that path are dropped by the stack unless the operator enables
+// conf/all/forwarding.
 func enableForwarding(iface string) error {
 	for _, p := range []string{
 		"/proc/sys/net/ipv4/conf/" + iface + "/forwarding",
 		"/proc/sys/net/ipv6/conf/" + iface + "/forwarding",
+		"/proc/sys/net/ipv6/conf/" + iface + "/force_forwarding",
 	} {
 		cur, err := os.ReadFile(p)
 		if err != nil {
 			if errors.Is(err, os.ErrNotExist) {
-				continue // IPv6 disabled on this interface
+				continue // IPv6 disabled on this interface, or a kernel before 6.17
 			}
 			return fmt.Errorf("read %s: %w", p, err)
 		}

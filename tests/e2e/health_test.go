@@ -170,7 +170,9 @@ func TestHealthChecks(t *testing.T) {
 		})
 	}
 
-	// The metrics follow, and pass Prometheus' lint.
+	// The metrics follow, and pass Prometheus' lint. (Stopping be2's
+	// server for api also took web's listener down: wait for web's check.)
+	waitHealth(t, d, "web", topo.Prefix4+"22:80", "healthy", 5*time.Second)
 	var body string
 	err := tp.LBs[0].NS.Do(func() error {
 		// Dial here, on the thread that is in the LB's namespace; the

@@ -78,6 +78,10 @@ func New(t testnet.TB, o Options) *Topology {
 	t.Cleanup(func() { os.RemoveAll(pin) })
 	tp := &Topology{T: t, Dir: dir, PinRoot: pin}
 	tp.Switch = testnet.NewNS(t, "sw")
+	// The switch only bridges: without IPv6 of its own it adds no
+	// solicitations or listener reports to what the LB boxes count.
+	tp.Switch.Sysctl(t, "net.ipv6.conf.all.disable_ipv6", "1")
+	tp.Switch.Sysctl(t, "net.ipv6.conf.default.disable_ipv6", "1")
 	tp.Switch.Run(t, "ip", "link", "add", "br0", "type", "bridge")
 	tp.Switch.Up(t, "br0")
 
@@ -101,6 +105,13 @@ func (tp *Topology) addHost(name string, n int) *Host {
 	t := tp.T
 	t.Helper()
 	ns := testnet.NewNS(t, name)
+	// Keep the segment quiet, as a test that counts the packets an LB box
+	// sees needs it: no router solicitations (there is no router), and no
+	// duplicate address detection for the link-local address (the global
+	// ones skip it already), whose solicitations and delayed listener
+	// reports would otherwise arrive while the first flows run.
+	ns.Sysctl(t, "net.ipv6.conf.default.router_solicitations", "0")
+	ns.Sysctl(t, "net.ipv6.conf.default.accept_dad", "0")
 	testnet.Veth(t, ns, "eth0", tp.Switch, "p-"+name)
 	tp.Switch.Run(t, "ip", "link", "set", "p-"+name, "master", "br0")
 	h := &Host{
@@ -180,3 +191,13 @@ func (h *Host) HoldVIPs(vips ...netip.Addr) {
 
 // Cleanup registers f on the topology's test.
 func (tp *Topology) Cleanup(f func()) { tp.T.Cleanup(f) }
+
+// RxPackets is the packet count the kernel reports as received on the
+// host's segment interface, whatever handled them (the stack, an XDP or a
+// tc program). On an LB box, what it received beyond the packets it
+// forwarded to backends tells whether replies crossed it.
+func (h *Host) RxPackets() uint64 {
+	t := h.top.T
+	t.Helper()
+	return h.NS.Link(t, h.Iface).Attrs().Statistics.RxPackets
+}

@@ -16,9 +16,11 @@ import (
 	"time"
 )
 
-// Server answers on a backend: TCP connections get the backend's name as
-// the first line and then every line echoed back prefixed by the name; UDP
-// datagrams are answered with "NAME payload".
+// Server answers on a backend: a TCP connection gets "NAME PEER" as its
+// first line, then every line echoed back prefixed by the name; a UDP
+// datagram is answered with "NAME PEER payload". PEER is the address:port
+// the server saw the packets come from, which tells the client whether the
+// load balancer rewrote its source (SNAT) or not (DSR).
 type Server struct {
 	Name     string
 	tcp      []net.Listener
@@ -73,7 +75,7 @@ func (s *Server) acceptLoop(l net.Listener) {
 		s.Accepted.Add(1)
 		go func() {
 			defer c.Close()
-			if _, err := fmt.Fprintf(c, "%s\n", s.Name); err != nil {
+			if _, err := fmt.Fprintf(c, "%s %s\n", s.Name, c.RemoteAddr()); err != nil {
 				return
 			}
 			r := bufio.NewReader(c)
@@ -99,7 +101,7 @@ func (s *Server) udpLoop(pc net.PacketConn) {
 			return
 		}
 		s.Datagram.Add(1)
-		_, _ = pc.WriteTo([]byte(s.Name+" "+string(buf[:n])), from)
+		_, _ = pc.WriteTo([]byte(s.Name+" "+from.String()+" "+string(buf[:n])), from)
 	}
 }
 
@@ -120,10 +122,12 @@ type Conn struct {
 	r *bufio.Reader
 	// Backend is the name the server announced.
 	Backend string
+	// Peer is the client address the server saw.
+	Peer netip.AddrPort
 }
 
 // DialTCP connects from h (optionally from a fixed local port; 0 = any) to
-// dst and reads the serving backend's name.
+// dst and reads the serving backend's name and the peer address it saw.
 func (h *Host) DialTCP(localPort uint16, dst netip.AddrPort) (*Conn, error) {
 	var c net.Conn
 	err := h.NS.Do(func() error {
@@ -151,13 +155,18 @@ func (h *Host) DialTCP(localPort uint16, dst netip.AddrPort) (*Conn, error) {
 	}
 	conn := &Conn{Conn: c, r: bufio.NewReader(c)}
 	_ = c.SetReadDeadline(time.Now().Add(3 * time.Second))
-	name, err := conn.r.ReadString('\n')
+	line, err := conn.r.ReadString('\n')
 	_ = c.SetReadDeadline(time.Time{})
 	if err != nil {
 		c.Close()
 		return nil, fmt.Errorf("read backend name: %w", err)
 	}
-	conn.Backend = strings.TrimSpace(name)
+	name, peer, _ := strings.Cut(strings.TrimSpace(line), " ")
+	conn.Backend = name
+	if conn.Peer, err = netip.ParseAddrPort(peer); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("greeting %q from %s: bad peer address: %w", line, name, err)
+	}
 	return conn, nil
 }
 
@@ -191,7 +200,7 @@ func (c *Conn) Abort() {
 // UDPFlow is a client UDP socket bound to one local port: one 5-tuple.
 type UDPFlow struct {
 	pc  net.PacketConn
-	dst net.Addr
+	dst netip.AddrPort
 }
 
 // DialUDP opens a UDP flow from h's localPort (0 = any) to dst.
@@ -216,32 +225,50 @@ func (h *Host) DialUDP(localPort uint16, dst netip.AddrPort) (*UDPFlow, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &UDPFlow{pc: pc, dst: net.UDPAddrFromAddrPort(dst)}, nil
+	return &UDPFlow{pc: pc, dst: dst}, nil
 }
 
 // Ask sends msg and returns the name of the backend that answered.
 func (u *UDPFlow) Ask(msg string) (string, error) {
+	name, _, err := u.AskPeer(msg)
+	return name, err
+}
+
+// AskPeer sends msg and returns the name of the backend that answered and
+// the client address that backend saw.
+func (u *UDPFlow) AskPeer(msg string) (string, netip.AddrPort, error) {
 	buf := make([]byte, 2048)
 	for attempt := 0; attempt < 3; attempt++ {
-		if _, err := u.pc.WriteTo([]byte(msg), u.dst); err != nil {
-			return "", err
+		if _, err := u.pc.WriteTo([]byte(msg), net.UDPAddrFromAddrPort(u.dst)); err != nil {
+			return "", netip.AddrPort{}, err
 		}
 		_ = u.pc.SetReadDeadline(time.Now().Add(time.Second))
-		n, _, err := u.pc.ReadFrom(buf)
+		n, src, err := u.pc.ReadFrom(buf)
 		if err != nil {
 			var ne net.Error
 			if errors.As(err, &ne) && ne.Timeout() {
 				continue
 			}
-			return "", err
+			return "", netip.AddrPort{}, err
+		}
+		// The socket is not connected, so the kernel would hand over an
+		// answer from any source; a client of the VIP accepts only
+		// VIP:port, which is what every mode must restore.
+		if got := src.(*net.UDPAddr).AddrPort(); netip.AddrPortFrom(got.Addr().Unmap(), got.Port()) != u.dst {
+			return "", netip.AddrPort{}, fmt.Errorf("answer to %q came from %s, not from %s", msg, got, u.dst)
 		}
 		name, rest, _ := strings.Cut(string(buf[:n]), " ")
-		if rest != msg {
-			return "", fmt.Errorf("answer %q does not echo %q", buf[:n], msg)
+		peer, echo, _ := strings.Cut(rest, " ")
+		if echo != msg {
+			return "", netip.AddrPort{}, fmt.Errorf("answer %q does not echo %q", buf[:n], msg)
 		}
-		return name, nil
+		from, err := netip.ParseAddrPort(peer)
+		if err != nil {
+			return "", netip.AddrPort{}, fmt.Errorf("answer %q from %s: bad peer address: %w", buf[:n], name, err)
+		}
+		return name, from, nil
 	}
-	return "", fmt.Errorf("no answer to %q after 3 tries", msg)
+	return "", netip.AddrPort{}, fmt.Errorf("no answer to %q after 3 tries", msg)
 }
 
 // LocalPort is the flow's source port.
