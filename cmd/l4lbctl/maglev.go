@@ -18,20 +18,12 @@ import (
 	"github.com/l4lb/l4lb/lb/maglev"
 )
 
-// tableJSON is the contract of `l4lbctl maglev table -o json`.
-type tableJSON struct {
-	Size     uint32   `json:"size"`
-	Backends []string `json:"backends"`
-	Table    []int32  `json:"table"`
-}
-
-// lookupJSON is the answer of `l4lbctl maglev lookup -o json`.
-type lookupJSON struct {
-	Backend string `json:"backend"`
-	Index   int32  `json:"index"`
-	Slot    uint32 `json:"slot"`
-	Hash    string `json:"hash"`
-}
+// The JSON of `l4lbctl maglev table` and `maglev lookup` is the admin
+// API's, whether computed here or read from l4lbd: one contract.
+type (
+	tableJSON  = api.MaglevTable
+	lookupJSON = api.Lookup
+)
 
 type maglevArgs struct {
 	seed    string
@@ -125,7 +117,7 @@ func maglevTableCmd(g *globals) *cobra.Command {
 					return err
 				}
 				if g.output == "json" {
-					return writeJSON(cmd.OutOrStdout(), tableJSON(t))
+					return writeJSON(cmd.OutOrStdout(), t)
 				}
 				return printLiveTable(cmd.OutOrStdout(), a.service, t)
 			}

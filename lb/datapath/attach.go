@@ -122,33 +122,39 @@ func (d *LB) AttachTC(iface string) error {
 	if err := enableForwarding(iface); err != nil {
 		return err
 	}
+	return d.attachTCX("tc program", "tc:"+iface, d.tcLinkPin(iface), d.progTC, ebpf.AttachTCXIngress, iface, ifc.Index)
+}
+
+// attachTCX attaches prog to a tcx hook of an interface, or replaces the
+// program of the link an earlier l4lbd pinned there (no moment without a
+// program), and pins a new link.
+func (d *LB) attachTCX(what, key, pin string, prog *ebpf.Program, at ebpf.AttachType, iface string, index int) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	key := "tc:" + iface
-	if l, ok := d.adopt(d.tcLinkPin(iface), iface, func(info *link.Info) bool {
+	if l, ok := d.adopt(pin, iface, func(info *link.Info) bool {
 		x := info.TCX()
-		return info.Type == link.TCXType && x != nil && int(x.Ifindex) == ifc.Index
+		return info.Type == link.TCXType && x != nil && int(x.Ifindex) == index
 	}); ok {
-		if err := l.Update(d.progTC); err != nil {
+		if err := l.Update(prog); err != nil {
 			l.Close()
-			return fmt.Errorf("replace tc program on %s: %w", iface, err)
+			return fmt.Errorf("replace %s on %s: %w", what, iface, err)
 		}
 		d.links[key] = l
-		d.log.Info("replaced tc program in place", "interface", iface)
+		d.log.Info("replaced "+what+" in place", "interface", iface)
 		return nil
 	}
-	l, err := link.AttachTCX(link.TCXOptions{Program: d.progTC, Attach: ebpf.AttachTCXIngress, Interface: ifc.Index})
+	l, err := link.AttachTCX(link.TCXOptions{Program: prog, Attach: at, Interface: index})
 	if err != nil {
-		return fmt.Errorf("attach tc (tcx ingress) to %s: %w", iface, err)
+		return fmt.Errorf("attach %s (%s) to %s: %w", what, at, iface, err)
 	}
 	if d.cfg.PinPath != "" {
-		if err := l.Pin(d.tcLinkPin(iface)); err != nil {
+		if err := l.Pin(pin); err != nil {
 			l.Close()
-			return fmt.Errorf("pin tc link of %s: %w", iface, err)
+			return fmt.Errorf("pin the %s link of %s: %w", what, iface, err)
 		}
 	}
 	d.links[key] = l
-	d.log.Info("attached tc program", "interface", iface)
+	d.log.Info("attached "+what, "interface", iface)
 	return nil
 }
 
@@ -165,32 +171,7 @@ func (d *LB) AttachHealth(iface string) error {
 	if err != nil {
 		return fmt.Errorf("attach health probes to %s: %w", iface, err)
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	key := "hc:" + iface
-	if l, ok := d.adopt(d.hcLinkPin(iface), iface, func(info *link.Info) bool {
-		x := info.TCX()
-		return info.Type == link.TCXType && x != nil && int(x.Ifindex) == ifc.Index
-	}); ok {
-		if err := l.Update(d.progHC); err != nil {
-			l.Close()
-			return fmt.Errorf("replace health-probe program on %s: %w", iface, err)
-		}
-		d.links[key] = l
-		return nil
-	}
-	l, err := link.AttachTCX(link.TCXOptions{Program: d.progHC, Attach: ebpf.AttachTCXEgress, Interface: ifc.Index})
-	if err != nil {
-		return fmt.Errorf("attach health probes (tcx egress) to %s: %w", iface, err)
-	}
-	if d.cfg.PinPath != "" {
-		if err := l.Pin(d.hcLinkPin(iface)); err != nil {
-			l.Close()
-			return fmt.Errorf("pin health-probe link of %s: %w", iface, err)
-		}
-	}
-	d.links[key] = l
-	return nil
+	return d.attachTCX("health-probe program", "hc:"+iface, d.hcLinkPin(iface), d.progHC, ebpf.AttachTCXEgress, iface, ifc.Index)
 }
 
 // DetachHealth removes the health-probe program from iface.
