@@ -22,12 +22,14 @@ type FloorSvcKey struct {
 }
 
 type FloorSvcValue struct {
-	_         structs.HostLayout
-	Id        uint32
-	Mode      uint32
-	Dispatch  uint32
-	Flags     uint32
-	TableSize uint32
+	_          structs.HostLayout
+	Id         uint32
+	Mode       uint32
+	Dispatch   uint32
+	Flags      uint32
+	TableSize  uint32
+	Pad        uint32
+	AffinityNs uint64
 }
 
 // Names of all BPF objects in the ELF.

@@ -4,10 +4,13 @@
 /*
  * The l4lb load-balancer datapath.
  *
- * Per packet: parse; look the frontend up in `services`; choose a backend
- * (connection table, then the service's Maglev table); forward it the way
- * the service's mode says; count. Everything that is not a well-formed
- * packet to a frontend goes to the stack untouched, and is counted by reason.
+ * Per packet: parse; look the frontend up in `services`; check the
+ * client against the service's source ranges; choose a backend (connection
+ * table, then the client's affinity, then the service's Maglev table);
+ * forward it the way the service's mode says, or answer a packet too big
+ * for the path with ICMP; count. ICMP errors about a frontend's flow follow
+ * that flow (icmp_error). Everything that is not a well-formed packet to a
+ * frontend goes to the stack untouched, and is counted by reason.
  *
  * Two entry points share all of it: l4lb_xdp (XDP) and l4lb_tc (tc ingress
  * through tcx, for interfaces where XDP cannot attach); see hook.h.
@@ -18,10 +21,12 @@
 #include "include/encap.h"
 #include "include/forward.h"
 #include "include/hook.h"
+#include "include/icmp.h"
 #include "include/ipopt.h"
 #include "include/maps.h"
 #include "include/parse.h"
 #include "include/snat.h"
+#include "include/srcrange.h"
 #include "include/stats.h"
 
 char __license[] SEC("license") = "Dual BSD/GPL";
@@ -43,22 +48,30 @@ static __always_inline __u32 segment_len(const struct hook *h, const struct pack
 	return (__u32)p->l3_len + overhead;
 }
 
+/* What a dispatch found when the packet was too big for the egress MTU. */
+struct too_big {
+	__u32 mtu;      /* the egress MTU */
+	__u32 overhead; /* what the dispatch adds to the packet */
+};
+
 /*
  * The one place a packet that the dispatch would make bigger than the egress
  * MTU (mtu) ends up, before anything in it has changed; overhead is what the
- * dispatch adds. The client is to learn the MTU left to it (mtu - overhead)
- * from ICMP fragmentation-needed / packet-too-big generated here; until
- * then the packet is dropped and counted.
+ * dispatch adds. It is dropped as drop_frag_needed with tb filled; a client
+ * packet is then answered with ICMP (icmp_too_big, run by the entry point
+ * through struct icmp_todo), in one place rather than once per dispatch.
  */
-static __always_inline int frag_needed(const struct hook *h, const struct packet *p,
-				       __u32 mtu, __u32 overhead, int *reason)
+static __always_inline int frag_needed(const struct hook *h, __u32 mtu, __u32 overhead,
+				       struct too_big *tb, int *reason)
 {
+	tb->mtu = mtu;
+	tb->overhead = overhead;
 	*reason = L4LB_R_DROP_FRAG_NEEDED;
 	return hook_drop(h);
 }
 
 /* DSR over IPIP: encapsulate to the backend, which replies from the VIP. */
-static __always_inline int dsr_ipip(const struct hook *h, const struct packet *p,
+static __always_inline int dsr_ipip(const struct hook *h, const struct packet *p, struct too_big *tb,
 				    const struct selection *sel, int *reason)
 {
 	struct route rt;
@@ -69,7 +82,7 @@ static __always_inline int dsr_ipip(const struct hook *h, const struct packet *p
 	encap_source(p->family, sel->hash, src);
 	r = route_lookup(h, p->family, src, sel->be->addr, p->l3_len + hdr, segment_len(h, p, hdr), &rt);
 	if (r == L4LB_R_DROP_FRAG_NEEDED)
-		return frag_needed(h, p, rt.mtu, hdr, reason);
+		return frag_needed(h, rt.mtu, hdr, tb, reason);
 	if (r >= 0)
 		goto drop;
 	r = encap_ipip(h, p, src, sel->be->addr, sel->hash);
@@ -83,7 +96,7 @@ drop:
 
 /* DSR over Geneve: IPIP's path with UDP and the frontend-naming Geneve header
  * between; the backend's companion decapsulates. */
-static __always_inline int dsr_geneve(const struct hook *h, const struct packet *p,
+static __always_inline int dsr_geneve(const struct hook *h, const struct packet *p, struct too_big *tb,
 				      const struct selection *sel, int *reason)
 {
 	struct route rt;
@@ -94,7 +107,7 @@ static __always_inline int dsr_geneve(const struct hook *h, const struct packet 
 	encap_source(p->family, sel->hash, src);
 	r = route_lookup(h, p->family, src, sel->be->addr, p->l3_len + hdr, segment_len(h, p, hdr), &rt);
 	if (r == L4LB_R_DROP_FRAG_NEEDED)
-		return frag_needed(h, p, rt.mtu, hdr, reason);
+		return frag_needed(h, rt.mtu, hdr, tb, reason);
 	if (r >= 0)
 		goto drop;
 	r = encap_geneve(h, p, src, sel->be->addr, sel->hash);
@@ -108,7 +121,7 @@ drop:
 
 /* DSR with an IP option: the destination becomes the backend (address and
  * port); the SYN or datagram names the frontend in an option (ipopt.h). */
-static __always_inline int dsr_opt(const struct hook *h, const struct packet *p,
+static __always_inline int dsr_opt(const struct hook *h, const struct packet *p, struct too_big *tb,
 				   const struct selection *sel, int *reason)
 {
 	struct route rt;
@@ -120,7 +133,7 @@ static __always_inline int dsr_opt(const struct hook *h, const struct packet *p,
 		goto drop;
 	r = route_lookup(h, p->family, p->key.src, sel->be->addr, p->l3_len + len, segment_len(h, p, len), &rt);
 	if (r == L4LB_R_DROP_FRAG_NEEDED)
-		return frag_needed(h, p, rt.mtu, len, reason);
+		return frag_needed(h, rt.mtu, len, tb, reason);
 	if (r >= 0)
 		goto drop;
 	r = opt_rewrite(h, p, sel->be, len);
@@ -132,71 +145,295 @@ drop:
 	return hook_drop(h);
 }
 
-/* Dispatch a DSR packet to sel's backend the way the service says. */
+/* Dispatch a DSR packet to sel's backend the way the service says; tb is
+ * filled when the packet is too big (reason drop_frag_needed). */
 static __always_inline int dsr_dispatch(const struct hook *h, const struct svc_value *svc,
-					const struct packet *p, const struct selection *sel, int *reason)
+					const struct packet *p, const struct selection *sel,
+					struct too_big *tb, int *reason)
 {
 	if (svc->dispatch == L4LB_DISPATCH_GENEVE)
-		return dsr_geneve(h, p, sel, reason);
+		return dsr_geneve(h, p, tb, sel, reason);
 	if (svc->dispatch == L4LB_DISPATCH_OPT)
-		return dsr_opt(h, p, sel, reason);
-	return dsr_ipip(h, p, sel, reason);
+		return dsr_opt(h, p, tb, sel, reason);
+	return dsr_ipip(h, p, tb, sel, reason);
 }
 
-static __always_inline int lb_process(const struct hook *h)
+/*
+ * An ICMP error about a DSR flow (p->key: the flow as its client sends it)
+ * goes to the flow's backend, chosen as the flow's own packets are but
+ * without creating or refreshing any entry. ipip and geneve carry the ICMP
+ * packet as it is: the backend's companion decapsulates it to the VIP, and
+ * its stack matches the quote to the socket. opt rewrites the outer
+ * destination to the backend and the quoted source (VIP:port, as the
+ * companion made the reply leave) back to what the backend's socket sent.
+ */
+static __always_inline int icmp_to_dsr_backend(const struct hook *h, const struct svc_value *svc,
+					       struct packet *p, const struct icmp_quote *q, int *reason)
 {
+	struct selection sel;
+	struct too_big tb;
+	struct route rt;
+	int r;
+
+	r = select_backend(p, svc, &sel, 0);
+	if (r >= 0)
+		goto drop;
+	if (svc->dispatch != L4LB_DISPATCH_OPT)
+		return dsr_dispatch(h, svc, p, &sel, &tb, reason);
+	r = route_lookup(h, p->family, p->key.dst, sel.be->addr, p->l3_len, p->l3_len, &rt);
+	if (r >= 0)
+		goto drop;
+	r = icmp_rewrite(h, p, q, NULL, sel.be->addr, sel.be->addr, sel.be->port, NULL, q->key.dport, 0);
+	if (r >= 0)
+		goto drop;
+	return transmit(h, &rt, reason);
+drop:
+	*reason = r;
+	return hook_drop(h);
+}
+
+/*
+ * An ICMP error about a SNAT flow's reply (p->key: the flow as its client
+ * sends it) goes to the backend through the flow's binding, translated as
+ * the flow's packets are: outer SNAT address -> backend, quoted backend:port
+ * -> SNAT address:port. The LB is a router hop here, as for the flow.
+ */
+static __always_inline int icmp_to_snat_backend(const struct hook *h, const struct packet *p,
+						const struct icmp_quote *q, int *reason)
+{
+	struct snat_fwd_value *fwd;
+	struct snat_work *s;
+	struct route rt;
+	__u32 zero = 0;
+	int r;
+
+	s = bpf_map_lookup_elem(&snat_scratch, &zero);
+	fwd = bpf_map_lookup_elem(&snat_fwd, &p->key);
+	if (!s || !fwd) {
+		*reason = L4LB_R_PASS_NOT_SERVICE;
+		return hook_pass(h);
+	}
+	/* A copy: another CPU may reuse the entry while this one works. */
+	s->fv = *fwd;
+	if (snat_ttl_expired(h, p)) {
+		r = L4LB_R_DROP_TTL_EXCEEDED;
+		goto drop;
+	}
+	r = route_lookup(h, p->family, s->fv.snat_addr, s->fv.backend_addr, p->l3_len, p->l3_len, &rt);
+	if (r >= 0)
+		goto drop;
+	r = icmp_rewrite(h, p, q, s->fv.snat_addr, s->fv.backend_addr, s->fv.backend_addr, s->fv.backend_port,
+			 s->fv.snat_addr, s->fv.snat_port, 1);
+	if (r >= 0)
+		goto drop;
+	return transmit(h, &rt, reason);
+drop:
+	*reason = r;
+	return hook_drop(h);
+}
+
+/*
+ * An ICMP error from the backend side about a packet the LB sent a SNAT
+ * backend (p->key: the backend's reply tuple, backend:port -> SNAT
+ * address:port) goes back to the client as the binding's replies do: from
+ * the VIP, quoting client:port -> VIP:port, the packet the client sent.
+ */
+static __always_inline int icmp_to_snat_client(const struct hook *h, const struct packet *p,
+					       const struct icmp_quote *q, int *reason)
+{
+	struct snat_rev_value *rv;
+	struct snat_work *s;
+	struct route rt;
+	__u32 zero = 0;
+	int r;
+
+	s = bpf_map_lookup_elem(&snat_scratch, &zero);
+	if (!s || !snat_is_ours(p))
+		goto pass;
+	s->rk.pad[0] = s->rk.pad[1] = s->rk.pad[2] = 0;
+	copy16(s->rk.backend_addr, p->key.src);
+	copy16(s->rk.snat_addr, p->key.dst);
+	s->rk.backend_port = p->key.sport;
+	s->rk.snat_port = p->key.dport;
+	s->rk.proto = p->key.proto;
+	rv = bpf_map_lookup_elem(&snat_rev, &s->rk);
+	if (!rv)
+		goto pass;
+	s->rv = *rv;
+	if (snat_ttl_expired(h, p)) {
+		r = L4LB_R_DROP_TTL_EXCEEDED;
+		goto drop;
+	}
+	r = route_lookup(h, p->family, s->rv.vip, s->rv.client_addr, p->l3_len, p->l3_len, &rt);
+	if (r >= 0)
+		goto drop;
+	r = icmp_rewrite(h, p, q, s->rv.vip, s->rv.client_addr, s->rv.client_addr, s->rv.client_port, s->rv.vip,
+			 s->rv.vip_port, 1);
+	if (r >= 0)
+		goto drop;
+	return transmit(h, &rt, reason);
+drop:
+	*reason = r;
+	return hook_drop(h);
+pass:
+	*reason = L4LB_R_PASS_NOT_SERVICE;
+	return hook_pass(h);
+}
+
+/*
+ * An ICMP error (parse_packet stopped at its header; p describes the outer
+ * packet). An error goes to the source of the packet it quotes, so one
+ * about a frontend's flow quotes the reply VIP:port -> client:port and is
+ * addressed to the VIP; one about a packet sent to a SNAT backend quotes
+ * SNAT address:port -> backend:port and is addressed to the SNAT address.
+ * Either way, p->key becomes the quote seen from its destination (the
+ * client's flow, or the backend's reply tuple), which is what the service
+ * and binding tables are keyed by. Counts its own reasons: every error sent
+ * on is icmp_error_forwarded.
+ */
+static __always_inline int icmp_error(const struct hook *h, struct packet *p)
+{
+	struct svc_key sk = {};
+	struct icmp_quote q;
+	struct svc_value *svc;
+	int reason = -1, verdict, r;
+
+	r = icmp_parse(h, p, &q);
+	if (r >= 0)
+		goto pass;
+	if (p->vlan) {
+		r = L4LB_R_PASS_VLAN;
+		goto pass;
+	}
+	if (!snat_addr_eq(p->key.dst, q.key.src)) {
+		r = L4LB_R_PASS_NOT_SERVICE;
+		goto pass;
+	}
+	copy16(p->key.src, q.key.dst);
+	copy16(p->key.dst, q.key.src);
+	p->key.sport = q.key.dport;
+	p->key.dport = q.key.sport;
+	p->key.proto = q.key.proto;
+	p->l4_hlen = ICMP_HLEN;
+
+	copy16(sk.addr, p->key.dst);
+	sk.port = p->key.dport;
+	sk.proto = p->key.proto;
+	svc = bpf_map_lookup_elem(&services, &sk);
+	if (!svc) {
+		verdict = icmp_to_snat_client(h, p, &q, &reason);
+	} else if ((svc->flags & L4LB_SVC_SOURCE_RANGES) && !source_allowed(svc->id, p->key.src)) {
+		/* No flow of that client can exist. */
+		reason = L4LB_R_DROP_SOURCE_RANGE;
+		verdict = hook_drop(h);
+	} else if (svc->mode == L4LB_MODE_SNAT) {
+		verdict = icmp_to_snat_backend(h, p, &q, &reason);
+	} else {
+		verdict = icmp_to_dsr_backend(h, svc, p, &q, &reason);
+	}
+	if (verdict != hook_drop(h) && reason != L4LB_R_PASS_NOT_SERVICE)
+		reason = L4LB_R_ICMP_ERROR_FORWARDED;
+	if (reason >= 0)
+		count_reason(reason, p->l3_len);
+	return verdict;
+pass:
+	count_reason(r, p->l3_len);
+	return hook_pass(h);
+}
+
+/*
+ * What lb_process leaves to its entry point: an ICMP path to run. Those
+ * paths are global functions (below), and are called from the entry point
+ * rather than from lb_process: the verifier adds a callee's stack to its
+ * caller's, and lb_process's frame leaves no room for theirs.
+ */
+enum icmp_todo_kind {
+	ICMP_TODO_NONE = 0,
+	ICMP_TODO_ERROR,   /* an ICMP error to read and maybe pass on (icmp_error) */
+	ICMP_TODO_TOO_BIG, /* a packet too big for the dispatch to answer (icmp_too_big) */
+};
+
+struct icmp_todo {
+	struct packet p;   /* the packet as parse_packet read it */
+	__u32 mtu;         /* TOO_BIG: the egress MTU */
+	__u32 overhead;    /* TOO_BIG: what the dispatch adds */
+	__u32 kind;        /* enum icmp_todo_kind */
+	__u32 pad;
+};
+
+static __always_inline int lb_process(const struct hook *h, struct icmp_todo *todo)
+{
+	struct packet *p = &todo->p;
 	struct svc_key sk = {};
 	struct selection sel;
 	struct svc_value *svc;
-	struct packet p;
+	struct too_big tb = {};
 	void *data, *data_end;
 	int reason = -1, verdict, r;
 
 	hook_pull(h, PARSE_PULL);
 	data = hook_data(h);
 	data_end = hook_data_end(h);
-	r = parse_packet(data, data_end, &p);
+	/* Set by parse_packet only once it reaches L4. */
+	p->key.proto = 0;
+	r = parse_packet(data, data_end, p);
 	if (r >= 0) {
+		if (unlikely(r == L4LB_R_PASS_NOT_SERVICE &&
+			     (p->key.proto == IPPROTO_ICMP || p->key.proto == IPPROTO_ICMPV6))) {
+			todo->kind = ICMP_TODO_ERROR;
+			return hook_pass(h);
+		}
 		count_reason(r, data_end - data);
 		return hook_pass(h);
 	}
 
-	copy16(sk.addr, p.key.dst);
-	sk.port = p.key.dport;
-	sk.proto = p.key.proto;
+	copy16(sk.addr, p->key.dst);
+	sk.port = p->key.dport;
+	sk.proto = p->key.proto;
 	svc = bpf_map_lookup_elem(&services, &sk);
 	if (!svc) {
 		/* Maybe a backend's reply to a SNAT flow. */
-		if (snat_is_ours(&p))
-			return snat_reply(h, &p, segment_len(h, &p, 0));
-		count_reason(L4LB_R_PASS_NOT_SERVICE, p.l3_len);
+		if (snat_is_ours(p))
+			return snat_reply(h, p, segment_len(h, p, 0));
+		count_reason(L4LB_R_PASS_NOT_SERVICE, p->l3_len);
 		return hook_pass(h);
+	}
+	if ((svc->flags & L4LB_SVC_SOURCE_RANGES) && !source_allowed(svc->id, p->key.src)) {
+		count_reason(L4LB_R_DROP_SOURCE_RANGE, p->l3_len);
+		return hook_drop(h);
 	}
 	/* XDP cannot re-tag a frame for another VLAN; at tc on the VLAN
 	 * device the tag is already gone. */
-	if (p.vlan) {
-		count_reason(L4LB_R_PASS_VLAN, p.l3_len);
+	if (p->vlan) {
+		count_reason(L4LB_R_PASS_VLAN, p->l3_len);
 		return hook_pass(h);
 	}
 
 	/* SNAT makes the LB a router hop: the stack answers time-exceeded. */
-	if (svc->mode == L4LB_MODE_SNAT && snat_ttl_expired(h, &p)) {
-		count_reason(L4LB_R_PASS_TTL_EXCEEDED, p.l3_len);
+	if (svc->mode == L4LB_MODE_SNAT && snat_ttl_expired(h, p)) {
+		count_reason(L4LB_R_PASS_TTL_EXCEEDED, p->l3_len);
 		return hook_pass(h);
 	}
 
-	r = select_backend(&p, svc, &sel);
+	r = select_backend(p, svc, &sel, 1);
 	if (r >= 0) {
-		count_reason(r, p.l3_len);
+		count_reason(r, p->l3_len);
 		return hook_drop(h);
 	}
 
 	switch (svc->mode) {
 	case L4LB_MODE_DSR:
-		verdict = dsr_dispatch(h, svc, &p, &sel, &reason);
+		verdict = dsr_dispatch(h, svc, p, &sel, &tb, &reason);
+		if (unlikely(reason == L4LB_R_DROP_FRAG_NEEDED)) {
+			/* Not forwarded; counted by the ICMP path. */
+			todo->mtu = tb.mtu;
+			todo->overhead = tb.overhead;
+			todo->kind = ICMP_TODO_TOO_BIG;
+			return verdict;
+		}
 		break;
 	case L4LB_MODE_SNAT:
-		verdict = snat_forward(h, &p, &sel, svc->id, segment_len(h, &p, 0), &reason);
+		verdict = snat_forward(h, p, &sel, svc->id, segment_len(h, p, 0), &reason);
 		break;
 	default:
 		/* The control plane never programs a mode this object lacks. */
@@ -205,26 +442,113 @@ static __always_inline int lb_process(const struct hook *h)
 	}
 
 	if (reason >= 0)
-		count_reason(reason, p.l3_len);
+		count_reason(reason, p->l3_len);
 	if (verdict != hook_drop(h))
-		count_forward(svc->id, sel.backend_id, p.l3_len, sel.new_flow);
+		count_forward(svc->id, sel.backend_id, p->l3_len, sel.new_flow);
 	return verdict;
+}
+
+/* lb_process for each hook, in a frame of its own (see struct icmp_todo). */
+static __noinline int lb_process_xdp(struct xdp_md *ctx, struct icmp_todo *todo)
+{
+	struct hook h = {.ctx = ctx, .xdp = 1};
+
+	return lb_process(&h, todo);
+}
+
+static __noinline int lb_process_tc(struct __sk_buff *skb, struct icmp_todo *todo)
+{
+	struct hook h = {.ctx = skb, .xdp = 0};
+
+	return lb_process(&h, todo);
+}
+
+/*
+ * The ICMP paths, one global function per hook and path. The verifier
+ * checks a global function once, from its arguments' types alone, rather
+ * than once for every state its caller may arrive in: inlined, these rarely
+ * taken paths more than doubled its work on the whole program. Each wraps
+ * the always-inline code with a literal hook, as the entry points do, and
+ * counts what happened. The entry points touch no packet pointer after.
+ */
+__noinline int l4lb_icmp_too_big_xdp(struct xdp_md *ctx, const struct packet *p, __u32 mtu, __u32 overhead)
+{
+	struct hook h = {.ctx = ctx, .xdp = 1};
+	int reason, verdict;
+
+	if (!p)
+		return XDP_DROP;
+	/* A literal family: each family's code on its own path. */
+	if (p->family == 4)
+		verdict = icmp_too_big(&h, p, 4, mtu, overhead, &reason);
+	else
+		verdict = icmp_too_big(&h, p, 6, mtu, overhead, &reason);
+	count_reason(reason, p->l3_len);
+	return verdict;
+}
+
+__noinline int l4lb_icmp_too_big_tc(struct __sk_buff *ctx, const struct packet *p, __u32 mtu, __u32 overhead)
+{
+	struct hook h = {.ctx = ctx, .xdp = 0};
+	int reason, verdict;
+
+	if (!p)
+		return TCX_DROP;
+	/* A literal family: each family's code on its own path. */
+	if (p->family == 4)
+		verdict = icmp_too_big(&h, p, 4, mtu, overhead, &reason);
+	else
+		verdict = icmp_too_big(&h, p, 6, mtu, overhead, &reason);
+	count_reason(reason, p->l3_len);
+	return verdict;
+}
+
+__noinline int l4lb_icmp_error_xdp(struct xdp_md *ctx, struct packet *p)
+{
+	struct hook h = {.ctx = ctx, .xdp = 1};
+
+	if (!p)
+		return XDP_PASS;
+	return icmp_error(&h, p);
+}
+
+__noinline int l4lb_icmp_error_tc(struct __sk_buff *ctx, struct packet *p)
+{
+	struct hook h = {.ctx = ctx, .xdp = 0};
+
+	if (!p)
+		return TCX_NEXT;
+	return icmp_error(&h, p);
 }
 
 SEC("xdp")
 int l4lb_xdp(struct xdp_md *ctx)
 {
-	struct hook h = {.ctx = ctx, .xdp = 1};
+	struct icmp_todo todo;
+	int verdict;
 
-	return lb_process(&h);
+	todo.kind = ICMP_TODO_NONE;
+	verdict = lb_process_xdp(ctx, &todo);
+	if (unlikely(todo.kind == ICMP_TODO_ERROR))
+		return l4lb_icmp_error_xdp(ctx, &todo.p);
+	if (unlikely(todo.kind == ICMP_TODO_TOO_BIG))
+		return l4lb_icmp_too_big_xdp(ctx, &todo.p, todo.mtu, todo.overhead);
+	return verdict;
 }
 
 SEC("tcx/ingress")
 int l4lb_tc(struct __sk_buff *skb)
 {
-	struct hook h = {.ctx = skb, .xdp = 0};
+	struct icmp_todo todo;
+	int verdict;
 
-	return lb_process(&h);
+	todo.kind = ICMP_TODO_NONE;
+	verdict = lb_process_tc(skb, &todo);
+	if (unlikely(todo.kind == ICMP_TODO_ERROR))
+		return l4lb_icmp_error_tc(skb, &todo.p);
+	if (unlikely(todo.kind == ICMP_TODO_TOO_BIG))
+		return l4lb_icmp_too_big_tc(skb, &todo.p, todo.mtu, todo.overhead);
+	return verdict;
 }
 
 /*
@@ -242,6 +566,7 @@ int l4lb_hc(struct __sk_buff *skb)
 	struct svc_key sk = {};
 	struct selection sel = {};
 	struct svc_value *svc;
+	struct too_big tb;
 	struct packet p;
 	void *data, *data_end;
 	__u32 mark = skb->mark, id;
@@ -272,7 +597,8 @@ int l4lb_hc(struct __sk_buff *skb)
 	}
 	sel.backend_id = id;
 	sel.hash = (__u32)flow_hash(&p.key);
-	verdict = dsr_dispatch(&h, svc, &p, &sel, &reason);
+	/* A probe too big for the path is dropped: the probe is the LB's own. */
+	verdict = dsr_dispatch(&h, svc, &p, &sel, &tb, &reason);
 	if (reason >= 0)
 		count_reason(reason, p.l3_len);
 	return verdict;

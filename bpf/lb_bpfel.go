@@ -13,6 +13,19 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type LbAffinityKey struct {
+	_      structs.HostLayout
+	SvcId  uint32
+	Client [16]uint8
+}
+
+type LbAffinityValue struct {
+	_         structs.HostLayout
+	BackendId uint32
+	Pad       uint32
+	LastSeen  uint64
+}
+
 type LbBackend struct {
 	_      structs.HostLayout
 	Addr   [16]uint8
@@ -42,6 +55,11 @@ type LbFlowKey struct {
 	Pad   [3]uint8
 }
 
+type LbIcmpBucket struct {
+	_   structs.HostLayout
+	Tat uint64
+}
+
 type LbL4lbBackendFlags uint32
 
 const (
@@ -67,26 +85,31 @@ const (
 type LbL4lbReason uint32
 
 const (
-	LbL4lbReasonL4LB_R_PASS_NOT_IP         LbL4lbReason = 0
-	LbL4lbReasonL4LB_R_PASS_NOT_SERVICE    LbL4lbReason = 1
-	LbL4lbReasonL4LB_R_PASS_MALFORMED_L3   LbL4lbReason = 2
-	LbL4lbReasonL4LB_R_PASS_MALFORMED_L4   LbL4lbReason = 3
-	LbL4lbReasonL4LB_R_PASS_FRAGMENT       LbL4lbReason = 4
-	LbL4lbReasonL4LB_R_PASS_EXT_CHAIN      LbL4lbReason = 5
-	LbL4lbReasonL4LB_R_PASS_VLAN           LbL4lbReason = 6
-	LbL4lbReasonL4LB_R_PASS_NO_NEIGH       LbL4lbReason = 7
-	LbL4lbReasonL4LB_R_DROP_NO_BACKEND     LbL4lbReason = 8
-	LbL4lbReasonL4LB_R_DROP_NO_ROUTE       LbL4lbReason = 9
-	LbL4lbReasonL4LB_R_DROP_FRAG_NEEDED    LbL4lbReason = 10
-	LbL4lbReasonL4LB_R_DROP_ENCAP          LbL4lbReason = 11
-	LbL4lbReasonL4LB_R_PASS_NO_TX_PORT     LbL4lbReason = 12
-	LbL4lbReasonL4LB_R_DROP_SNAT_EXHAUSTED LbL4lbReason = 13
-	LbL4lbReasonL4LB_R_PASS_TTL_EXCEEDED   LbL4lbReason = 14
-	LbL4lbReasonL4LB_R_DROP_TTL_EXCEEDED   LbL4lbReason = 15
-	LbL4lbReasonL4LB_R_DROP_SNAT_REWRITE   LbL4lbReason = 16
-	LbL4lbReasonL4LB_R_DROP_OPT_NO_ROOM    LbL4lbReason = 17
-	LbL4lbReasonL4LB_R_DROP_HC_NO_BACKEND  LbL4lbReason = 18
-	LbL4lbReasonL4LB_R_MAX                 LbL4lbReason = 19
+	LbL4lbReasonL4LB_R_PASS_NOT_IP           LbL4lbReason = 0
+	LbL4lbReasonL4LB_R_PASS_NOT_SERVICE      LbL4lbReason = 1
+	LbL4lbReasonL4LB_R_PASS_MALFORMED_L3     LbL4lbReason = 2
+	LbL4lbReasonL4LB_R_PASS_MALFORMED_L4     LbL4lbReason = 3
+	LbL4lbReasonL4LB_R_PASS_FRAGMENT         LbL4lbReason = 4
+	LbL4lbReasonL4LB_R_PASS_EXT_CHAIN        LbL4lbReason = 5
+	LbL4lbReasonL4LB_R_PASS_VLAN             LbL4lbReason = 6
+	LbL4lbReasonL4LB_R_PASS_NO_NEIGH         LbL4lbReason = 7
+	LbL4lbReasonL4LB_R_DROP_NO_BACKEND       LbL4lbReason = 8
+	LbL4lbReasonL4LB_R_DROP_NO_ROUTE         LbL4lbReason = 9
+	LbL4lbReasonL4LB_R_DROP_FRAG_NEEDED      LbL4lbReason = 10
+	LbL4lbReasonL4LB_R_DROP_ENCAP            LbL4lbReason = 11
+	LbL4lbReasonL4LB_R_PASS_NO_TX_PORT       LbL4lbReason = 12
+	LbL4lbReasonL4LB_R_DROP_SNAT_EXHAUSTED   LbL4lbReason = 13
+	LbL4lbReasonL4LB_R_PASS_TTL_EXCEEDED     LbL4lbReason = 14
+	LbL4lbReasonL4LB_R_DROP_TTL_EXCEEDED     LbL4lbReason = 15
+	LbL4lbReasonL4LB_R_DROP_SNAT_REWRITE     LbL4lbReason = 16
+	LbL4lbReasonL4LB_R_DROP_OPT_NO_ROOM      LbL4lbReason = 17
+	LbL4lbReasonL4LB_R_DROP_HC_NO_BACKEND    LbL4lbReason = 18
+	LbL4lbReasonL4LB_R_ICMP_FRAG_NEEDED_SENT LbL4lbReason = 19
+	LbL4lbReasonL4LB_R_ICMP_RATE_LIMITED     LbL4lbReason = 20
+	LbL4lbReasonL4LB_R_DROP_SOURCE_RANGE     LbL4lbReason = 21
+	LbL4lbReasonL4LB_R_ICMP_ERROR_FORWARDED  LbL4lbReason = 22
+	LbL4lbReasonL4LB_R_PASS_ICMP_QUOTE       LbL4lbReason = 23
+	LbL4lbReasonL4LB_R_MAX                   LbL4lbReason = 24
 )
 
 type LbL4lbSnatState uint32
@@ -100,7 +123,9 @@ const (
 type LbL4lbSvcFlags uint32
 
 const (
-	LbL4lbSvcFlagsL4LB_SVC_RANDOM LbL4lbSvcFlags = 1
+	LbL4lbSvcFlagsL4LB_SVC_RANDOM        LbL4lbSvcFlags = 1
+	LbL4lbSvcFlagsL4LB_SVC_AFFINITY      LbL4lbSvcFlags = 2
+	LbL4lbSvcFlagsL4LB_SVC_SOURCE_RANGES LbL4lbSvcFlags = 4
 )
 
 type LbLbStats struct {
@@ -164,6 +189,13 @@ type LbSnatWork struct {
 	Pad     [2]uint8
 }
 
+type LbSrcRangeKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	SvcId     uint32
+	Addr      [16]uint8
+}
+
 type LbSvcKey struct {
 	_     structs.HostLayout
 	Addr  [16]uint8
@@ -173,27 +205,32 @@ type LbSvcKey struct {
 }
 
 type LbSvcValue struct {
-	_         structs.HostLayout
-	Id        uint32
-	Mode      LbL4lbMode
-	Dispatch  LbL4lbDispatch
-	Flags     LbL4lbSvcFlags
-	TableSize uint32
+	_          structs.HostLayout
+	Id         uint32
+	Mode       LbL4lbMode
+	Dispatch   LbL4lbDispatch
+	Flags      LbL4lbSvcFlags
+	TableSize  uint32
+	Pad        uint32
+	AffinityNs uint64
 }
 
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	LbMapAffinity             = "affinity"
 	LbMapBackendStats         = "backend_stats"
 	LbMapBackends             = "backends"
 	LbMapConntrack            = "conntrack"
+	LbMapIcmpBuckets          = "icmp_buckets"
 	LbMapMaglev               = "maglev"
 	LbMapReasons              = "reasons"
 	LbMapServices             = "services"
 	LbMapSnatFwd              = "snat_fwd"
 	LbMapSnatRev              = "snat_rev"
 	LbMapSnatScratch          = "snat_scratch"
+	LbMapSrcRanges            = "src_ranges"
 	LbMapSvcStats             = "svc_stats"
 	LbMapTxPorts              = "tx_ports"
 	LbProgL4lbHc              = "l4lb_hc"
@@ -206,6 +243,8 @@ const (
 	LbVarCfgEncapTtl          = "cfg_encap_ttl"
 	LbVarCfgHcMark            = "cfg_hc_mark"
 	LbVarCfgHcMarkMask        = "cfg_hc_mark_mask"
+	LbVarCfgIcmpBurstNs       = "cfg_icmp_burst_ns"
+	LbVarCfgIcmpIntervalNs    = "cfg_icmp_interval_ns"
 	LbVarCfgSeedK0            = "cfg_seed_k0"
 	LbVarCfgSeedK1            = "cfg_seed_k1"
 	LbVarCfgSnatAddr4         = "cfg_snat_addr4"
@@ -270,15 +309,18 @@ type LbProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type LbMapSpecs struct {
+	Affinity     *ebpf.MapSpec `ebpf:"affinity"`
 	BackendStats *ebpf.MapSpec `ebpf:"backend_stats"`
 	Backends     *ebpf.MapSpec `ebpf:"backends"`
 	Conntrack    *ebpf.MapSpec `ebpf:"conntrack"`
+	IcmpBuckets  *ebpf.MapSpec `ebpf:"icmp_buckets"`
 	Maglev       *ebpf.MapSpec `ebpf:"maglev"`
 	Reasons      *ebpf.MapSpec `ebpf:"reasons"`
 	Services     *ebpf.MapSpec `ebpf:"services"`
 	SnatFwd      *ebpf.MapSpec `ebpf:"snat_fwd"`
 	SnatRev      *ebpf.MapSpec `ebpf:"snat_rev"`
 	SnatScratch  *ebpf.MapSpec `ebpf:"snat_scratch"`
+	SrcRanges    *ebpf.MapSpec `ebpf:"src_ranges"`
 	SvcStats     *ebpf.MapSpec `ebpf:"svc_stats"`
 	TxPorts      *ebpf.MapSpec `ebpf:"tx_ports"`
 }
@@ -294,6 +336,8 @@ type LbVariableSpecs struct {
 	CfgEncapTtl          *ebpf.VariableSpec `ebpf:"cfg_encap_ttl"`
 	CfgHcMark            *ebpf.VariableSpec `ebpf:"cfg_hc_mark"`
 	CfgHcMarkMask        *ebpf.VariableSpec `ebpf:"cfg_hc_mark_mask"`
+	CfgIcmpBurstNs       *ebpf.VariableSpec `ebpf:"cfg_icmp_burst_ns"`
+	CfgIcmpIntervalNs    *ebpf.VariableSpec `ebpf:"cfg_icmp_interval_ns"`
 	CfgSeedK0            *ebpf.VariableSpec `ebpf:"cfg_seed_k0"`
 	CfgSeedK1            *ebpf.VariableSpec `ebpf:"cfg_seed_k1"`
 	CfgSnatAddr4         *ebpf.VariableSpec `ebpf:"cfg_snat_addr4"`
@@ -327,30 +371,36 @@ func (o *LbObjects) Close() error {
 //
 // It can be passed to LoadLbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type LbMaps struct {
+	Affinity     *ebpf.Map `ebpf:"affinity"`
 	BackendStats *ebpf.Map `ebpf:"backend_stats"`
 	Backends     *ebpf.Map `ebpf:"backends"`
 	Conntrack    *ebpf.Map `ebpf:"conntrack"`
+	IcmpBuckets  *ebpf.Map `ebpf:"icmp_buckets"`
 	Maglev       *ebpf.Map `ebpf:"maglev"`
 	Reasons      *ebpf.Map `ebpf:"reasons"`
 	Services     *ebpf.Map `ebpf:"services"`
 	SnatFwd      *ebpf.Map `ebpf:"snat_fwd"`
 	SnatRev      *ebpf.Map `ebpf:"snat_rev"`
 	SnatScratch  *ebpf.Map `ebpf:"snat_scratch"`
+	SrcRanges    *ebpf.Map `ebpf:"src_ranges"`
 	SvcStats     *ebpf.Map `ebpf:"svc_stats"`
 	TxPorts      *ebpf.Map `ebpf:"tx_ports"`
 }
 
 func (m *LbMaps) Close() error {
 	return _LbClose(
+		m.Affinity,
 		m.BackendStats,
 		m.Backends,
 		m.Conntrack,
+		m.IcmpBuckets,
 		m.Maglev,
 		m.Reasons,
 		m.Services,
 		m.SnatFwd,
 		m.SnatRev,
 		m.SnatScratch,
+		m.SrcRanges,
 		m.SvcStats,
 		m.TxPorts,
 	)
@@ -367,6 +417,8 @@ type LbVariables struct {
 	CfgEncapTtl          *ebpf.Variable `ebpf:"cfg_encap_ttl"`
 	CfgHcMark            *ebpf.Variable `ebpf:"cfg_hc_mark"`
 	CfgHcMarkMask        *ebpf.Variable `ebpf:"cfg_hc_mark_mask"`
+	CfgIcmpBurstNs       *ebpf.Variable `ebpf:"cfg_icmp_burst_ns"`
+	CfgIcmpIntervalNs    *ebpf.Variable `ebpf:"cfg_icmp_interval_ns"`
 	CfgSeedK0            *ebpf.Variable `ebpf:"cfg_seed_k0"`
 	CfgSeedK1            *ebpf.Variable `ebpf:"cfg_seed_k1"`
 	CfgSnatAddr4         *ebpf.Variable `ebpf:"cfg_snat_addr4"`

@@ -63,4 +63,13 @@ volatile const __u64 cfg_snat_tcp_ns = 21600000000000ULL;      /* 6h */
 volatile const __u64 cfg_snat_tcp_closing_ns = 10000000000ULL; /* 10s */
 volatile const __u64 cfg_snat_udp_ns = 60000000000ULL;         /* 60s */
 
+/*
+ * ICMP fragmentation-needed / packet-too-big answers, rate-limited per CPU
+ * (datapath.icmp_rate_limit messages per second): one message per
+ * cfg_icmp_interval_ns, with bursts of up to rate messages
+ * (cfg_icmp_burst_ns = (rate - 1) * interval). An interval of 0 sends none.
+ */
+volatile const __u64 cfg_icmp_interval_ns = 0;
+volatile const __u64 cfg_icmp_burst_ns = 0;
+
 #endif

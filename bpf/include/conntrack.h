@@ -1,6 +1,8 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /*
- * Backend selection: the connection table first, the Maglev table second.
+ * Backend selection: the connection table first, then the client's
+ * remembered backend for services with affinity (affinity.h), then the
+ * Maglev table.
  *
  * An entry keeps an established flow on its backend when the backend set
  * changes. It is trusted only while its backend is still programmed for the
@@ -15,6 +17,7 @@
 #ifndef L4LB_CONNTRACK_H
 #define L4LB_CONNTRACK_H
 
+#include "affinity.h"
 #include "maglev.h"
 #include "parse.h"
 
@@ -38,9 +41,14 @@ static __always_inline const struct backend *backend_of(__u32 id, __u32 svc_id)
 	return be;
 }
 
-/* Fills sel and returns -1, or returns L4LB_R_DROP_NO_BACKEND. */
+/*
+ * Fills sel and returns -1, or returns L4LB_R_DROP_NO_BACKEND. On a miss, a
+ * service with affinity tries the client's remembered backend before Maglev
+ * (affinity.h). update 0 looks without leaving a trace, for an ICMP error
+ * about the flow: no entry is created or refreshed, here or for affinity.
+ */
 static __always_inline int select_backend(struct packet *p, const struct svc_value *svc,
-					  struct selection *sel)
+					  struct selection *sel, int update)
 {
 	struct ct_value *ct = bpf_map_lookup_elem(&conntrack, &p->key);
 	__u64 now = bpf_ktime_get_coarse_ns();
@@ -52,7 +60,7 @@ static __always_inline int select_backend(struct packet *p, const struct svc_val
 		id = ct->backend_id;
 		sel->be = backend_of(id, svc->id);
 		if (sel->be) {
-			if (now - ct->last_seen > CT_REFRESH_NS)
+			if (update && now - ct->last_seen > CT_REFRESH_NS)
 				ct->last_seen = now;
 			sel->backend_id = id;
 			sel->hash = ct->hash;
@@ -61,15 +69,27 @@ static __always_inline int select_backend(struct packet *p, const struct svc_val
 	}
 
 	hash = flow_hash(&p->key);
-	id = maglev_pick(svc->id, hash, svc->flags & L4LB_SVC_RANDOM);
-	sel->be = backend_of(id, svc->id);
-	if (!sel->be)
-		return L4LB_R_DROP_NO_BACKEND;
+	id = 0;
+	if (svc->flags & L4LB_SVC_AFFINITY) {
+		id = affinity_lookup(svc, p->key.src, now, update);
+		sel->be = backend_of(id, svc->id);
+		/* A draining backend keeps its flows, not its clients. */
+		if (!sel->be || (sel->be->flags & L4LB_BACKEND_DRAINING))
+			id = 0;
+	}
+	if (!id) {
+		id = maglev_pick(svc->id, hash, svc->flags & L4LB_SVC_RANDOM);
+		sel->be = backend_of(id, svc->id);
+		if (!sel->be)
+			return L4LB_R_DROP_NO_BACKEND;
+		if (update && (svc->flags & L4LB_SVC_AFFINITY))
+			affinity_store(svc->id, p->key.src, id, now);
+	}
 	sel->backend_id = id;
 	sel->hash = (__u32)hash;
 
-	if (ct || p->key.proto != IPPROTO_TCP ||
-	    (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) != TCP_FLAG_SYN) {
+	if (update && (ct || p->key.proto != IPPROTO_TCP ||
+		       (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) != TCP_FLAG_SYN)) {
 		struct ct_value v = {
 			.backend_id = id,
 			.svc_id = svc->id,

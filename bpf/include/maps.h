@@ -106,6 +106,44 @@ struct {
 	__uint(max_entries, 1);
 } snat_scratch SEC(".maps");
 
+/*
+ * Client-IP affinity: (service, client) -> the backend of the client's
+ * latest new flow (affinity.h). LRU: a forgotten client only loses its
+ * stickiness for its next new flow, never an established one (those keep
+ * their conntrack entry). Sized by lb/datapath (Config.AffinityMax).
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct affinity_key);
+	__type(value, struct affinity_value);
+	__uint(max_entries, 262144);
+	__uint(map_flags, BPF_F_NO_COMMON_LRU);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} affinity SEC(".maps");
+
+/*
+ * Source ranges: (service id, client prefix) -> allowed, for services with
+ * L4LB_SVC_SOURCE_RANGES (struct src_range_key). LPM tries allocate per
+ * entry, so max_entries costs nothing until used.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__type(key, struct src_range_key);
+	__type(value, __u8);
+	__uint(max_entries, 65536);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} src_ranges SEC(".maps");
+
+/* The ICMP rate limiter's bucket, one per CPU (struct icmp_bucket). Not
+ * pinned: a restart refilling the buckets is harmless. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct icmp_bucket);
+	__uint(max_entries, 1);
+} icmp_buckets SEC(".maps");
+
 /* Per-CPU counters by service id and by backend id. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);

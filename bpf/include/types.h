@@ -36,6 +36,12 @@ enum l4lb_dispatch {
 enum l4lb_svc_flags {
 	/* Pick a random slot instead of the flow hash's slot. */
 	L4LB_SVC_RANDOM = 1 << 0,
+	/* Client-IP affinity: a new flow goes to the backend its client used
+	 * within svc_value.affinity_ns (map affinity), when still eligible. */
+	L4LB_SVC_AFFINITY = 1 << 1,
+	/* Only clients inside the service's prefixes of src_ranges are served;
+	 * others are dropped. */
+	L4LB_SVC_SOURCE_RANGES = 1 << 2,
 };
 
 /* backend.flags; 0 marks an unused slot of the backend array. */
@@ -64,6 +70,11 @@ struct svc_value {
 	 * size stored in the table itself, this copy lets a restarted l4lbd
 	 * read the configuration back. */
 	__u32 table_size;
+	__u32 pad;                     /* always 0 */
+	/* How long a client's backend is remembered after its latest new flow
+	 * (L4LB_SVC_AFFINITY), in nanoseconds; stored whatever the flag says,
+	 * so the control plane reads back exactly what it wrote. */
+	__u64 affinity_ns;
 };
 
 /* Value of the backend array, indexed by backend id (host order, 0 = none). */
@@ -139,7 +150,51 @@ enum l4lb_reason {
 	L4LB_R_DROP_SNAT_REWRITE,    /* SNAT: the packet could not be rewritten (a kernel helper refused) */
 	L4LB_R_DROP_OPT_NO_ROOM,     /* DSR opt: no room for the VIP option (IPv4 options full, or an IPv6 hop-by-hop header that must stay first) */
 	L4LB_R_DROP_HC_NO_BACKEND,   /* health probe marked for a backend that is not (or no longer) the service's */
+	L4LB_R_ICMP_FRAG_NEEDED_SENT, /* too big for the egress MTU: ICMP fragmentation-needed / packet-too-big sent to the client instead */
+	L4LB_R_ICMP_RATE_LIMITED,    /* too big, and the ICMP answer was over datapath.icmp_rate_limit: dropped */
+	L4LB_R_DROP_SOURCE_RANGE,    /* client outside the service's source_ranges */
+	L4LB_R_ICMP_ERROR_FORWARDED, /* ICMP error about a frontend's flow or a SNAT binding: sent where that flow goes */
+	L4LB_R_PASS_ICMP_QUOTE,      /* ICMP error whose quoted packet is cut short or not a TCP/UDP first fragment: passed */
 	L4LB_R_MAX,
+};
+
+/*
+ * Client-IP affinity (map affinity): the backend a client of a service got
+ * for its latest new flow, and when.
+ */
+struct affinity_key {
+	__u32 svc_id;     /* host order */
+	__u8 client[16];  /* network order, IPv4-mapped for IPv4 */
+};
+
+struct affinity_value {
+	__u32 backend_id; /* host order */
+	__u32 pad;        /* always 0 */
+	__u64 last_seen;  /* bpf_ktime_get_coarse_ns() of the client's latest new flow (refreshed at most once a second) */
+};
+
+/*
+ * Key of the src_ranges LPM trie: one allowed client prefix of one service.
+ * prefixlen counts bits over svc_id and addr together: 32 + 96 + the IPv4
+ * prefix length (addresses are IPv4-mapped), or 32 + the IPv6 one. svc_id is
+ * always matched whole, so its byte order only has to agree between the
+ * writer (lb/datapath: host order) and the lookup. Bits of addr past the
+ * prefix are 0. The value (a __u8, 1) is not read: presence allows.
+ */
+struct src_range_key {
+	__u32 prefixlen;
+	__u32 svc_id;     /* host order */
+	__u8 addr[16];    /* network order, IPv4-mapped for IPv4 */
+};
+
+/*
+ * Per-CPU state of the ICMP rate limiter (map icmp_buckets): a token bucket
+ * kept as the theoretical arrival time of the next message (GCRA). A message
+ * may go when tat - now <= cfg_icmp_burst_ns; it moves tat on by
+ * cfg_icmp_interval_ns.
+ */
+struct icmp_bucket {
+	__u64 tat;        /* bpf_ktime_get_coarse_ns() time */
 };
 
 /* Per-CPU counters of one reason. */

@@ -69,6 +69,8 @@ const (
 	defaultMaxBackends     = 65536
 	defaultTableSize       = 16381
 	defaultAffinityTimeout = 3 * time.Hour
+	defaultICMPRateLimit   = 100
+	maxICMPRateLimit       = 1_000_000 // the datapath's limit
 	defaultHealthInterval  = 5 * time.Second
 	defaultHealthTimeout   = 2 * time.Second
 	defaultHealthRise      = 2
@@ -191,6 +193,10 @@ type Datapath struct {
 	DrainTimeout time.Duration
 	// SNATTimeouts are the idle timeouts of SNAT bindings.
 	SNATTimeouts SNATTimeouts
+	// ICMPRateLimit is how many ICMP fragmentation-needed / packet-too-big
+	// messages each CPU may send per second to clients whose packets are
+	// too big for the path to a backend; 0 sends none.
+	ICMPRateLimit uint32
 }
 
 // SNATTimeouts are how long a SNAT binding may stay idle before its port
@@ -266,17 +272,18 @@ func Default() *Config {
 			LogLevel:      slog.LevelInfo,
 		},
 		Datapath: Datapath{
-			Attach:       AttachXDP,
-			XDPMode:      XDPAuto,
-			Mode:         lb.ModeSNAT,
-			Dispatch:     lb.DispatchIPIP,
-			SNATPortMin:  defaultSNATPortMin,
-			SNATPortMax:  defaultSNATPortMax,
-			ConntrackMax: defaultConntrackMax,
-			MaxServices:  defaultMaxServices,
-			MaxBackends:  defaultMaxBackends,
-			SNATMax:      defaultSNATMax,
-			SNATTimeouts: SNATTimeouts{TCP: defaultSNATTCP, TCPClosing: defaultSNATTCPClosing, UDP: defaultSNATUDP},
+			Attach:        AttachXDP,
+			XDPMode:       XDPAuto,
+			Mode:          lb.ModeSNAT,
+			Dispatch:      lb.DispatchIPIP,
+			SNATPortMin:   defaultSNATPortMin,
+			SNATPortMax:   defaultSNATPortMax,
+			ConntrackMax:  defaultConntrackMax,
+			MaxServices:   defaultMaxServices,
+			MaxBackends:   defaultMaxBackends,
+			SNATMax:       defaultSNATMax,
+			SNATTimeouts:  SNATTimeouts{TCP: defaultSNATTCP, TCPClosing: defaultSNATTCPClosing, UDP: defaultSNATUDP},
+			ICMPRateLimit: defaultICMPRateLimit,
 		},
 		Maglev: Maglev{TableSize: defaultTableSize},
 	}

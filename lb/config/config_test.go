@@ -85,6 +85,7 @@ conntrack_max = 2048
 max_services = 10
 max_backends = 20
 snat_max = 4096
+icmp_rate_limit = 0
 [datapath.snat_timeouts]
 tcp = "1h"
 tcp_closing = "1s"
@@ -115,6 +116,7 @@ table_size = 251
 					MaxBackends:   20,
 					SNATMax:       4096,
 					SNATTimeouts:  SNATTimeouts{TCP: time.Hour, TCPClosing: time.Second, UDP: 90 * time.Second},
+					ICMPRateLimit: 0, // 0 is a value (send none), not "unset"
 				}
 				c.Maglev.TableSize = 251
 				return c

@@ -42,6 +42,7 @@ type rawDatapath struct {
 	MaxBackends   any `toml:"max_backends"`
 	SNATMax       any `toml:"snat_max"`
 	DrainTimeout  any `toml:"drain_timeout"`
+	ICMPRateLimit any `toml:"icmp_rate_limit"`
 	// SNATTimeouts is [datapath.snat_timeouts].
 	SNATTimeouts *rawSNATTimeouts `toml:"snat_timeouts"`
 }

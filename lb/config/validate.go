@@ -275,6 +275,10 @@ func (c *checker) datapath(r *rawDatapath, d *Datapath) {
 			d.DrainTimeout = t
 		}
 	}
+	if n, ok := s.intIn("icmp_rate_limit", r.ICMPRateLimit, 0, maxICMPRateLimit,
+		fmt.Sprintf("use 0 (send none) to %d messages per second per CPU (default %d)", maxICMPRateLimit, defaultICMPRateLimit)); ok {
+		d.ICMPRateLimit = uint32(n)
+	}
 }
 
 // snatTimeouts validates [datapath.snat_timeouts]. Below a second a

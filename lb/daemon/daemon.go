@@ -157,6 +157,7 @@ func datapathConfig(cfg *config.Config, log *slog.Logger) datapath.Config {
 		SNATPortMin:    cfg.Datapath.SNATPortMin,
 		SNATPortMax:    cfg.Datapath.SNATPortMax,
 		SNATMax:        cfg.Datapath.SNATMax,
+		ICMPRateLimit:  cfg.Datapath.ICMPRateLimit,
 		SNATTimeouts: datapath.SNATTimeouts{
 			TCP:        cfg.Datapath.SNATTimeouts.TCP,
 			TCPClosing: cfg.Datapath.SNATTimeouts.TCPClosing,
@@ -453,6 +454,9 @@ func restartOnly(old, cur *config.Config) []string {
 		old.Datapath.SNATPortMax != cur.Datapath.SNATPortMax || old.Datapath.SNATMax != cur.Datapath.SNATMax ||
 		old.Datapath.SNATTimeouts != cur.Datapath.SNATTimeouts {
 		out = append(out, "datapath SNAT settings (snat_addresses, snat_port_range, snat_max, snat_timeouts)")
+	}
+	if old.Datapath.ICMPRateLimit != cur.Datapath.ICMPRateLimit {
+		out = append(out, "datapath.icmp_rate_limit")
 	}
 	if old.Daemon.AdminSocket != cur.Daemon.AdminSocket || old.Daemon.BPFFS != cur.Daemon.BPFFS ||
 		!slices.Equal(old.Daemon.MetricsListen, cur.Daemon.MetricsListen) {

@@ -37,10 +37,11 @@ func healthTargets(st reconciler.State) func(svc lb.Service, b lb.Backend) healt
 	}
 }
 
-// applyHealth takes backends whose checks fail out of the Maglev table
-// (weight 0): only their slots move. Their entries stay programmed, so
-// established flows are not cut by a false alarm and the through-VIP probe
-// can still reach them and bring them back. When every checked backend of
+// applyHealth drains backends whose checks fail: they leave the Maglev
+// table (only their slots move) and get no new flow, session affinity
+// included, but their entries stay programmed, so established flows are not
+// cut by a false alarm and the through-VIP probe can still reach them and
+// bring them back. When every checked backend of
 // a service is down, the checks are ignored for it (fail open): more likely
 // the probes are broken than every backend at once, and dropping all of the
 // service's traffic would be the worst answer.
@@ -78,7 +79,7 @@ func (d *Daemon) applyHealth(svcs []lb.Service, states map[health.Key]health.Sta
 		bs := append([]lb.Backend(nil), svc.Backends...)
 		for j, b := range bs {
 			if b.State == lb.Active && !up(svc, b) {
-				bs[j].Weight = 0
+				bs[j].State = lb.Draining
 			}
 		}
 		out[i].Backends = bs

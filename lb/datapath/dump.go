@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"time"
 
 	"github.com/cilium/ebpf"
 
@@ -30,6 +31,10 @@ func (d *LB) State() (reconciler.State, error) {
 		return s
 	}
 
+	ranges, err := d.readRangesByID()
+	if err != nil {
+		return reconciler.State{}, err
+	}
 	var (
 		k bpf.LbSvcKey
 		v bpf.LbSvcValue
@@ -38,7 +43,7 @@ func (d *LB) State() (reconciler.State, error) {
 	for it.Next(&k, &v) {
 		s := get(reconciler.ServiceID(v.Id))
 		s.HasEntry = true
-		s.Service = entryFromMap(k, v)
+		s.Service = entryFromMap(k, v, ranges[v.Id])
 	}
 	if err := it.Err(); err != nil {
 		return reconciler.State{}, fmt.Errorf("read service map: %w", err)
@@ -95,11 +100,21 @@ func (d *LB) State() (reconciler.State, error) {
 	return st, nil
 }
 
-func entryFromMap(k bpf.LbSvcKey, v bpf.LbSvcValue) lb.Service {
+// entryFromMap is the service entry k -> v in the form of reconciler.Entry;
+// ranges are the src_ranges keys under its id, which count only while the
+// entry's flag says so.
+func entryFromMap(k bpf.LbSvcKey, v bpf.LbSvcValue, ranges []bpf.LbSrcRangeKey) lb.Service {
 	addr := netip.AddrFrom16(k.Addr).Unmap()
 	s := lb.Service{
 		Frontend:  lb.Frontend{Addr: addr, Port: ntohs(k.Port), Proto: lb.Protocol(k.Proto)},
 		TableSize: v.TableSize,
+		Affinity: lb.Affinity{
+			ClientIP: v.Flags&bpf.LbL4lbSvcFlagsL4LB_SVC_AFFINITY != 0,
+			Timeout:  time.Duration(v.AffinityNs),
+		},
+	}
+	if v.Flags&bpf.LbL4lbSvcFlagsL4LB_SVC_SOURCE_RANGES != 0 {
+		s.SourceRanges = rangePrefixes(ranges, addr.Is4())
 	}
 	switch v.Mode {
 	case bpf.LbL4lbModeL4LB_MODE_DSR:

@@ -129,6 +129,8 @@ type envOptions struct {
 	snatTimeouts             datapath.SNATTimeouts
 	// maxBackends is the backend map's capacity; 0 means 256.
 	maxBackends uint32
+	// icmpRate is the ICMP answers' rate limit; 0 sends none.
+	icmpRate uint32
 }
 
 type xdpMD struct {
@@ -168,6 +170,7 @@ func newEnvWith(t testing.TB, o envOptions) *env {
 		SNATPortMin:   o.snatPortMin,
 		SNATPortMax:   o.snatPortMax,
 		SNATTimeouts:  o.snatTimeouts,
+		ICMPRateLimit: o.icmpRate,
 		Log:           slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	})
 	if err != nil {
@@ -526,8 +529,14 @@ func (e *env) checkTX(t testing.TB, in []byte, r result) netip.Addr {
 // the program's hash equals lb/maglev's, not just the slot it leads to.
 func checkEncap(t testing.TB, in, out []byte) netip.Addr {
 	t.Helper()
+	return checkEncapHash(t, in, out, maglev.FlowHash(testSeed, flowOf(t, in)))
+}
+
+// checkEncapHash is checkEncap for a packet that belongs to a flow with
+// hash, such as an ICMP error about the flow.
+func checkEncapHash(t testing.TB, in, out []byte, hash uint64) netip.Addr {
+	t.Helper()
 	inner := pkttest.IPPacket(t, in)
-	hash := maglev.FlowHash(testSeed, flowOf(t, in))
 	v4 := in[pkttest.MustLayout(t, in).L3]>>4 == 4
 	hdr, etype := 40, uint16(0x86dd)
 	if v4 {

@@ -30,8 +30,14 @@ func geneveOverhead(v4 bool) int {
 // destination: the backend.
 func checkGeneve(t testing.TB, in, out []byte, fe lb.Frontend) netip.Addr {
 	t.Helper()
+	return checkGeneveHash(t, in, out, fe, maglev.FlowHash(testSeed, flowOf(t, in)))
+}
+
+// checkGeneveHash is checkGeneve for a packet that belongs to a flow with
+// hash, such as an ICMP error about the flow.
+func checkGeneveHash(t testing.TB, in, out []byte, fe lb.Frontend, hash uint64) netip.Addr {
+	t.Helper()
 	inner := pkttest.IPPacket(t, in)
-	hash := maglev.FlowHash(testSeed, flowOf(t, in))
 	v4 := pkttest.MustLayout(t, in).Family == 4
 	ipLen, etype, over := 40, uint16(0x86dd), geneveOverhead(v4)
 	if v4 {

@@ -105,13 +105,10 @@ func Supported(svc lb.Service) error {
 	default:
 		return fmt.Errorf("mode %q for %s is not supported by this datapath (use snat, dsr or hybrid)", mode, svc.Frontend.Proto)
 	}
-	if svc.Affinity.ClientIP {
-		return errors.New("session affinity is not supported by this datapath yet")
+	if svc.Affinity.ClientIP && svc.Affinity.Timeout <= 0 {
+		return fmt.Errorf("session affinity needs a positive affinity_timeout, not %s", svc.Affinity.Timeout)
 	}
-	if len(svc.SourceRanges) > 0 {
-		return errors.New("source_ranges are not supported by this datapath yet")
-	}
-	return nil
+	return checkSourceRanges(svc)
 }
 
 func svcValue(id reconciler.ServiceID, svc lb.Service) (bpf.LbSvcValue, error) {
@@ -136,10 +133,22 @@ func svcValue(id reconciler.ServiceID, svc lb.Service) (bpf.LbSvcValue, error) {
 	if svc.Algorithm == lb.Random {
 		v.Flags |= bpf.LbL4lbSvcFlagsL4LB_SVC_RANDOM
 	}
+	if svc.Affinity.ClientIP {
+		v.Flags |= bpf.LbL4lbSvcFlagsL4LB_SVC_AFFINITY
+	}
+	// Stored whatever the flag says, so State reads back exactly this.
+	v.AffinityNs = uint64(svc.Affinity.Timeout)
+	if len(svc.SourceRanges) > 0 {
+		v.Flags |= bpf.LbL4lbSvcFlagsL4LB_SVC_SOURCE_RANGES
+	}
 	return v, nil
 }
 
-// SetService writes the service entry for svc.Frontend.
+// SetService writes the service entry for svc.Frontend, make-before-break
+// with its source ranges: prefixes the service lacks first, then the entry
+// (whose flag makes them count, or with an empty list no longer), then the
+// prefixes it no longer has. While it runs, a client of either list is let
+// in, never one of neither.
 func (d *LB) SetService(id reconciler.ServiceID, svc lb.Service) error {
 	v, err := svcValue(id, svc)
 	if err != nil {
@@ -148,22 +157,41 @@ func (d *LB) SetService(id reconciler.ServiceID, svc lb.Service) error {
 	if err := d.snatReady(svc); err != nil {
 		return fmt.Errorf("service %s: %w", svc.Frontend, err)
 	}
+	keys := rangeKeys(id, svc)
+	d.ranges.mu.Lock()
+	defer d.ranges.mu.Unlock()
+	added, err := d.addRanges(id, keys)
+	if err != nil {
+		return fmt.Errorf("service %s: %w", svc.Frontend, err)
+	}
 	k := svcKey(svc.Frontend)
 	if err := d.services.Update(&k, &v, ebpf.UpdateAny); err != nil {
+		d.undoRanges(added)
 		if isFull(err) {
 			return fmt.Errorf("service map full (max_services = %d): raise datapath.max_services: %w", d.cfg.MaxServices, err)
 		}
 		return fmt.Errorf("write service entry %s: %w", svc.Frontend, err)
 	}
+	if err := d.pruneRanges(id, keys); err != nil {
+		// The entry is written; the next pass prunes again.
+		return fmt.Errorf("service %s: %w", svc.Frontend, err)
+	}
 	return nil
 }
 
-// DeleteService removes the entry of fe and zeroes the counters of id, so a
-// later service that gets the id starts from zero.
+// DeleteService removes the entry of fe, then its source ranges, and
+// zeroes the counters of id, so a later service that gets the id starts
+// from zero.
 func (d *LB) DeleteService(id reconciler.ServiceID, fe lb.Frontend) error {
 	k := svcKey(fe)
 	if err := d.services.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return fmt.Errorf("delete service entry %s: %w", fe, err)
+	}
+	d.ranges.mu.Lock()
+	err := d.pruneRanges(id, nil)
+	d.ranges.mu.Unlock()
+	if err != nil {
+		return fmt.Errorf("service %s: %w", fe, err)
 	}
 	return d.zeroStats(d.svcStats, uint32(id))
 }

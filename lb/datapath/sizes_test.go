@@ -37,6 +37,9 @@ var (
 		bpf.LbMapSnatFwd:      {size(bpf.LbFlowKey{}), size(bpf.LbSnatFwdValue{})},
 		bpf.LbMapSnatRev:      {size(bpf.LbSnatRevKey{}), size(bpf.LbSnatRevValue{})},
 		bpf.LbMapSnatScratch:  {size(uint32(0)), size(bpf.LbSnatWork{})},
+		bpf.LbMapAffinity:     {size(bpf.LbAffinityKey{}), size(bpf.LbAffinityValue{})},
+		bpf.LbMapSrcRanges:    {size(bpf.LbSrcRangeKey{}), size(uint8(0))},
+		bpf.LbMapIcmpBuckets:  {size(uint32(0)), size(bpf.LbIcmpBucket{})},
 	}
 	// One Maglev chunk: maglevChunk backend ids.
 	maglevInnerLayout = mapLayout{size(uint32(0)), datapath.MaglevChunk * size(uint32(0))}

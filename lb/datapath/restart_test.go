@@ -1,0 +1,168 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package datapath_test
+
+import (
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"sort"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/l4lb/l4lb/internal/testnet"
+	"github.com/l4lb/l4lb/lb"
+	"github.com/l4lb/l4lb/lb/datapath"
+	"github.com/l4lb/l4lb/lb/reconciler"
+)
+
+// recorder passes every call to the LB and records its name.
+type recorder struct {
+	*datapath.LB
+	ops []string
+}
+
+func (r *recorder) SetBackend(id reconciler.BackendID, b reconciler.Backend) error {
+	r.ops = append(r.ops, fmt.Sprintf("SetBackend %d %s", id, b.Addr))
+	return r.LB.SetBackend(id, b)
+}
+
+func (r *recorder) DeleteBackend(id reconciler.BackendID) error {
+	r.ops = append(r.ops, fmt.Sprintf("DeleteBackend %d", id))
+	return r.LB.DeleteBackend(id)
+}
+
+func (r *recorder) SetTable(svc reconciler.ServiceID, t []reconciler.BackendID) error {
+	r.ops = append(r.ops, fmt.Sprintf("SetTable %d", svc))
+	return r.LB.SetTable(svc, t)
+}
+
+func (r *recorder) DeleteTable(svc reconciler.ServiceID) error {
+	r.ops = append(r.ops, fmt.Sprintf("DeleteTable %d", svc))
+	return r.LB.DeleteTable(svc)
+}
+
+func (r *recorder) SetTables(svcs []reconciler.ServiceID, t [][]reconciler.BackendID) []error {
+	r.ops = append(r.ops, fmt.Sprintf("SetTables %v", svcs))
+	return r.LB.SetTables(svcs, t)
+}
+
+func (r *recorder) DeleteTables(svcs []reconciler.ServiceID) []error {
+	r.ops = append(r.ops, fmt.Sprintf("DeleteTables %v", svcs))
+	return r.LB.DeleteTables(svcs)
+}
+
+func (r *recorder) SetService(id reconciler.ServiceID, svc lb.Service) error {
+	r.ops = append(r.ops, fmt.Sprintf("SetService %d %s", id, svc.Frontend))
+	return r.LB.SetService(id, svc)
+}
+
+func (r *recorder) DeleteService(id reconciler.ServiceID, fe lb.Frontend) error {
+	r.ops = append(r.ops, fmt.Sprintf("DeleteService %d %s", id, fe))
+	return r.LB.DeleteService(id, fe)
+}
+
+// TestRestartAffinityAndSourceRanges programs services with affinity and
+// source ranges into pinned maps, loads a second datapath from the pins as
+// a restarted l4lbd does, and adopts its State: reconciling the same
+// services issues no operation at all. A later change of an allow-list
+// then replaces exactly the adopted prefixes.
+func TestRestartAffinityAndSourceRanges(t *testing.T) {
+	testnet.RequireRoot(t)
+	dir, err := os.MkdirTemp("/sys/fs/bpf", "l4lb-restart-test-")
+	if err != nil {
+		t.Fatalf("bpffs directory: %v", err)
+	}
+	t.Cleanup(func() { datapath.Cleanup(dir) })
+	cfg := datapath.Config{
+		PinPath: dir, Seed: testSeed, MaxServices: 16, MaxBackends: 64, ConntrackMax: 1024,
+		SNATAddresses: []netip.Addr{lbAddr4, lbAddr6},
+		Log:           slog.New(slog.DiscardHandler),
+	}
+	rcfg := reconciler.Config{Seed: testSeed, MaxServices: 16, MaxBackends: 64}
+
+	web := dsrService("web", vip4, 80, lb.TCP, backends4[:3]...)
+	web.Affinity = lb.Affinity{ClientIP: true, Timeout: 90*time.Minute + 1500*time.Millisecond}
+	// Unsorted, unmasked spellings: the entry's canonical form must come back.
+	web.SourceRanges = prefixes("203.0.113.0/24", "192.0.2.77/32", "198.51.100.9/16")
+	dns := dsrService("dns", vip6, 53, lb.UDP, backends6[:2]...)
+	dns.SourceRanges = prefixes("2001:db8:2::/48", "2001:db8:1::/48", "::/0")
+	dns.Affinity = lb.Affinity{ClientIP: true, Timeout: time.Second}
+	snat := snatService("snat", vip4, 8080, lb.UDP, backends4[3])
+	snat.Affinity = lb.Affinity{Timeout: time.Minute} // off, but a timeout all the same
+	plain := dsrService("plain", vip6, 80, lb.TCP, backends6[2:]...)
+	desired := []lb.Service{withDefaults(web), withDefaults(dns), withDefaults(snat), withDefaults(plain)}
+
+	d1, err := datapath.Load(cfg)
+	if err != nil {
+		t.Fatalf("load datapath: %v", err)
+	}
+	r1 := reconciler.New(rcfg, d1, nil)
+	if err := r1.Reconcile(desired); err != nil {
+		t.Fatalf("reconcile: %v", err)
+	}
+	programmed := r1.Programmed()
+	d1.Close()
+
+	// The restart.
+	d2, err := datapath.Load(cfg)
+	if err != nil {
+		t.Fatalf("load datapath from the pins: %v", err)
+	}
+	defer d2.Close()
+	st, err := d2.State()
+	if err != nil {
+		t.Fatalf("read state: %v", err)
+	}
+	names := map[lb.Frontend]string{}
+	for _, s := range desired {
+		names[s.Frontend] = s.Name
+	}
+	for i := range st.Services {
+		st.Services[i].Service.Name = names[st.Services[i].Service.Frontend]
+	}
+	sortState := func(s reconciler.State) reconciler.State {
+		sort.Slice(s.Services, func(i, j int) bool { return s.Services[i].ID < s.Services[j].ID })
+		return s
+	}
+	if diff := cmp.Diff(sortState(programmed), sortState(st), cmp.Comparer(func(a, b netip.Addr) bool { return a == b }),
+		cmp.Comparer(func(a, b netip.Prefix) bool { return a == b }), cmp.Comparer(func(a, b netip.AddrPort) bool { return a == b })); diff != "" {
+		t.Errorf("State after the restart differs from what was programmed (-programmed +read back):\n%s", diff)
+	}
+
+	rec := &recorder{LB: d2}
+	r2, err := reconciler.NewFromState(rcfg, rec, nil, st)
+	if err != nil {
+		t.Fatalf("NewFromState: %v", err)
+	}
+	if err := r2.Reconcile(desired); err != nil {
+		t.Fatalf("reconcile after the restart: %v", err)
+	}
+	if len(rec.ops) != 0 {
+		t.Errorf("reconciling the same services after a restart issued %d operations, want none: %v", len(rec.ops), rec.ops)
+	}
+
+	// The adopted prefixes are known to the restarted datapath: changing
+	// the list replaces them, leaving none behind.
+	web2 := web.Clone()
+	web2.SourceRanges = prefixes("10.0.0.0/8")
+	desired[0] = withDefaults(web2)
+	if err := r2.Reconcile(desired); err != nil {
+		t.Fatalf("reconcile a changed allow-list: %v", err)
+	}
+	if len(rec.ops) != 1 {
+		t.Errorf("changing one allow-list issued %v, want one SetService", rec.ops)
+	}
+	st, err = d2.State()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range st.Services {
+		if s.Service.Frontend == web.Frontend && !cmp.Equal(s.Service.SourceRanges, prefixes("10.0.0.0/8"), cmp.Comparer(func(a, b netip.Prefix) bool { return a == b })) {
+			t.Errorf("after the change %s holds %v, want only 10.0.0.0/8", web.Frontend, s.Service.SourceRanges)
+		}
+	}
+}
