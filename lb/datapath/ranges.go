@@ -45,10 +45,6 @@ func withPolicyDefaults(cfg Config) Config {
 	return cfg
 }
 
-// srcRangeBits is the width of a src_ranges key after its prefix length:
-// the service id and the address (SRC_RANGE_BITS in bpf/include/srcrange.h).
-const srcRangeBits = 32 + 128
-
 // rangeKey is the src_ranges key of prefix p of service id: the prefix
 // length counts the id's 32 bits and the address's, IPv4 being IPv4-mapped.
 func rangeKey(id uint32, p netip.Prefix) bpf.LbSrcRangeKey {
