@@ -70,13 +70,18 @@ static __always_inline int frag_needed(const struct hook *h, __u32 mtu, __u32 ov
 	return hook_drop(h);
 }
 
-/* DSR over IPIP: encapsulate to the backend, which replies from the VIP. */
-static __always_inline int dsr_ipip(const struct hook *h, const struct packet *p, struct too_big *tb,
-				    const struct selection *sel, int *reason)
+/*
+ * DSR over a tunnel: encapsulate to the backend, which replies from the VIP.
+ * geneve (a literal at each call site) picks UDP/Geneve with the
+ * frontend-naming option over plain IPIP; both decapsulate in the backend's
+ * companion.
+ */
+static __always_inline int dsr_encap(const struct hook *h, const struct packet *p, struct too_big *tb,
+				     const struct selection *sel, int *reason, int geneve)
 {
 	struct route rt;
 	__u8 src[16];
-	__u32 hdr = ipip_overhead(p->family);
+	__u32 hdr = geneve ? geneve_overhead(p->family) : ipip_overhead(p->family);
 	int r;
 
 	encap_source(p->family, sel->hash, src);
@@ -85,32 +90,10 @@ static __always_inline int dsr_ipip(const struct hook *h, const struct packet *p
 		return frag_needed(h, rt.mtu, hdr, tb, reason);
 	if (r >= 0)
 		goto drop;
-	r = encap_ipip(h, p, src, sel->be->addr, sel->hash);
-	if (r >= 0)
-		goto drop;
-	return transmit(h, &rt, reason);
-drop:
-	*reason = r;
-	return hook_drop(h);
-}
-
-/* DSR over Geneve: IPIP's path with UDP and the frontend-naming Geneve header
- * between; the backend's companion decapsulates. */
-static __always_inline int dsr_geneve(const struct hook *h, const struct packet *p, struct too_big *tb,
-				      const struct selection *sel, int *reason)
-{
-	struct route rt;
-	__u8 src[16];
-	__u32 hdr = geneve_overhead(p->family);
-	int r;
-
-	encap_source(p->family, sel->hash, src);
-	r = route_lookup(h, p->family, src, sel->be->addr, p->l3_len + hdr, segment_len(h, p, hdr), &rt);
-	if (r == L4LB_R_DROP_FRAG_NEEDED)
-		return frag_needed(h, rt.mtu, hdr, tb, reason);
-	if (r >= 0)
-		goto drop;
-	r = encap_geneve(h, p, src, sel->be->addr, sel->hash);
+	if (geneve)
+		r = encap_geneve(h, p, src, sel->be->addr, sel->hash);
+	else
+		r = encap_ipip(h, p, src, sel->be->addr, sel->hash);
 	if (r >= 0)
 		goto drop;
 	return transmit(h, &rt, reason);
@@ -152,10 +135,10 @@ static __always_inline int dsr_dispatch(const struct hook *h, const struct svc_v
 					struct too_big *tb, int *reason)
 {
 	if (svc->dispatch == L4LB_DISPATCH_GENEVE)
-		return dsr_geneve(h, p, tb, sel, reason);
+		return dsr_encap(h, p, tb, sel, reason, 1);
 	if (svc->dispatch == L4LB_DISPATCH_OPT)
 		return dsr_opt(h, p, tb, sel, reason);
-	return dsr_ipip(h, p, tb, sel, reason);
+	return dsr_encap(h, p, tb, sel, reason, 0);
 }
 
 /*
@@ -250,12 +233,7 @@ static __always_inline int icmp_to_snat_client(const struct hook *h, const struc
 	s = bpf_map_lookup_elem(&snat_scratch, &zero);
 	if (!s || !snat_is_ours(p))
 		goto pass;
-	s->rk.pad[0] = s->rk.pad[1] = s->rk.pad[2] = 0;
-	copy16(s->rk.backend_addr, p->key.src);
-	copy16(s->rk.snat_addr, p->key.dst);
-	s->rk.backend_port = p->key.sport;
-	s->rk.snat_port = p->key.dport;
-	s->rk.proto = p->key.proto;
+	snat_reply_key(&s->rk, p);
 	rv = bpf_map_lookup_elem(&snat_rev, &s->rk);
 	if (!rv)
 		goto pass;

@@ -179,6 +179,17 @@ static __always_inline int snat_pick_addr(__u8 family, __u32 hash, __u8 out[16])
  * Cheap gate of the reply path, which every packet to no frontend takes:
  * is the destination one of our SNAT addresses, on a port of the range?
  */
+/* The reverse-table key of a backend's reply p (backend -> SNAT address). */
+static __always_inline void snat_reply_key(struct snat_rev_key *rk, const struct packet *p)
+{
+	rk->pad[0] = rk->pad[1] = rk->pad[2] = 0;
+	copy16(rk->backend_addr, p->key.src);
+	copy16(rk->snat_addr, p->key.dst);
+	rk->backend_port = p->key.sport;
+	rk->snat_port = p->key.dport;
+	rk->proto = p->key.proto;
+}
+
 static __always_inline int snat_is_ours(const struct packet *p)
 {
 	__u16 port = bpf_ntohs(p->key.dport);
@@ -520,12 +531,7 @@ static __always_inline int snat_reply(const struct hook *h, const struct packet 
 	s = bpf_map_lookup_elem(&snat_scratch, &zero);
 	if (!s)
 		goto pass;
-	s->rk.pad[0] = s->rk.pad[1] = s->rk.pad[2] = 0;
-	copy16(s->rk.backend_addr, p->key.src);
-	copy16(s->rk.snat_addr, p->key.dst);
-	s->rk.backend_port = p->key.sport;
-	s->rk.snat_port = p->key.dport;
-	s->rk.proto = p->key.proto;
+	snat_reply_key(&s->rk, p);
 	rv = bpf_map_lookup_elem(&snat_rev, &s->rk);
 	if (!rv)
 		goto pass;

@@ -116,19 +116,15 @@ func entryFromMap(k bpf.LbSvcKey, v bpf.LbSvcValue, ranges []bpf.LbSrcRangeKey) 
 	if v.Flags&bpf.LbL4lbSvcFlagsL4LB_SVC_SOURCE_RANGES != 0 {
 		s.SourceRanges = rangePrefixes(ranges, addr.Is4())
 	}
-	switch v.Mode {
-	case bpf.LbL4lbModeL4LB_MODE_DSR:
-		s.Mode = lb.ModeDSR
-	case bpf.LbL4lbModeL4LB_MODE_SNAT:
-		s.Mode = lb.ModeSNAT
+	for m, bm := range modes {
+		if bm == v.Mode {
+			s.Mode = m
+		}
 	}
-	switch v.Dispatch {
-	case bpf.LbL4lbDispatchL4LB_DISPATCH_IPIP:
-		s.Dispatch = lb.DispatchIPIP
-	case bpf.LbL4lbDispatchL4LB_DISPATCH_GENEVE:
-		s.Dispatch = lb.DispatchGeneve
-	case bpf.LbL4lbDispatchL4LB_DISPATCH_OPT:
-		s.Dispatch = lb.DispatchOpt
+	for d, bd := range dispatches {
+		if bd == v.Dispatch {
+			s.Dispatch = d
+		}
 	}
 	if v.Flags&bpf.LbL4lbSvcFlagsL4LB_SVC_RANDOM != 0 {
 		s.Algorithm = lb.Random

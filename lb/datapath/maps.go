@@ -111,25 +111,27 @@ func Supported(svc lb.Service) error {
 	return checkSourceRanges(svc)
 }
 
+// The model's modes and dispatches as the service map stores them; dump.go
+// reads them back through the same tables.
+var (
+	modes = map[lb.Mode]bpf.LbL4lbMode{
+		lb.ModeDSR:  bpf.LbL4lbModeL4LB_MODE_DSR,
+		lb.ModeSNAT: bpf.LbL4lbModeL4LB_MODE_SNAT,
+	}
+	dispatches = map[lb.Dispatch]bpf.LbL4lbDispatch{
+		lb.DispatchIPIP:   bpf.LbL4lbDispatchL4LB_DISPATCH_IPIP,
+		lb.DispatchGeneve: bpf.LbL4lbDispatchL4LB_DISPATCH_GENEVE,
+		lb.DispatchOpt:    bpf.LbL4lbDispatchL4LB_DISPATCH_OPT,
+	}
+)
+
 func svcValue(id reconciler.ServiceID, svc lb.Service) (bpf.LbSvcValue, error) {
 	if err := Supported(svc); err != nil {
 		return bpf.LbSvcValue{}, fmt.Errorf("service %s: %w", svc.Frontend, err)
 	}
 	v := bpf.LbSvcValue{Id: uint32(id), TableSize: svc.TableSize}
-	switch svc.ModeFor(svc.Frontend.Proto) {
-	case lb.ModeDSR:
-		v.Mode = bpf.LbL4lbModeL4LB_MODE_DSR
-	case lb.ModeSNAT:
-		v.Mode = bpf.LbL4lbModeL4LB_MODE_SNAT
-	}
-	switch svc.Dispatch {
-	case lb.DispatchIPIP:
-		v.Dispatch = bpf.LbL4lbDispatchL4LB_DISPATCH_IPIP
-	case lb.DispatchGeneve:
-		v.Dispatch = bpf.LbL4lbDispatchL4LB_DISPATCH_GENEVE
-	case lb.DispatchOpt:
-		v.Dispatch = bpf.LbL4lbDispatchL4LB_DISPATCH_OPT
-	}
+	v.Mode = modes[svc.ModeFor(svc.Frontend.Proto)]
+	v.Dispatch = dispatches[svc.Dispatch]
 	if svc.Algorithm == lb.Random {
 		v.Flags |= bpf.LbL4lbSvcFlagsL4LB_SVC_RANDOM
 	}
