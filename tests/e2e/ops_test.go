@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -397,4 +398,42 @@ func TestInvalidConfigsChangeNothing(t *testing.T) {
 		}
 	}
 	t.Logf("%d invalid configs rejected with file:line; the programmed state never changed", len(corpus))
+}
+
+// TestCleanup: stopping l4lbd leaves the datapath attached and pinned
+// (traffic keeps flowing); `l4lbd --cleanup` then detaches every program
+// and removes every pin.
+func TestCleanup(t *testing.T) {
+	tp := topo.New(t, topo.Options{LBs: 1, Backends: 1})
+	be := tp.Backends[0]
+	be.HoldVIPs(vip4)
+	be.StartCompanion(l4lbd(), vip4.String())
+	be.Serve(netip.AddrPortFrom(vip4, 80))
+	tp.RouteVIPs(tp.LBs[0], vip4)
+	d := tp.LBs[0].StartL4LBD(l4lbd(), strings.ReplaceAll(dsrConfig(21), `"10.100.0.22"`, `"10.100.0.21"`))
+	if err := d.Stop(); err != nil {
+		t.Fatalf("stop: %v\n%s", err, d.Log())
+	}
+	c, err := tp.Client.DialTCP(0, netip.AddrPortFrom(vip4, 80))
+	if err != nil {
+		t.Fatalf("traffic stopped with l4lbd: %v", err)
+	}
+	c.Abort()
+	if entries, _ := os.ReadDir(d.PinDir); len(entries) == 0 {
+		t.Fatalf("no pins under %s after a stop", d.PinDir)
+	}
+	out, err := exec.Command(l4lbd(), "--config", d.Config, "--cleanup").CombinedOutput()
+	if err != nil {
+		t.Fatalf("--cleanup: %v\n%s", err, out)
+	}
+	if _, err := os.Stat(d.PinDir); !os.IsNotExist(err) {
+		t.Errorf("pins left after --cleanup: %v", err)
+	}
+	link := tp.LBs[0].NS.Run(t, "ip", "-d", "link", "show", "eth0")
+	if strings.Contains(link, "xdp") || strings.Contains(link, "prog/xdp") {
+		t.Errorf("XDP still attached after --cleanup:\n%s", link)
+	}
+	if _, err := tp.Client.DialTCP(0, netip.AddrPortFrom(vip4, 80)); err == nil {
+		t.Error("the VIP still answers after --cleanup: something is still forwarding")
+	}
 }
