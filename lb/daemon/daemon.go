@@ -85,9 +85,8 @@ type Daemon struct {
 // view is what the API reads: replaced as a whole after every change.
 type view struct {
 	services []lb.Service // desired, defaults resolved, overrides applied
-	// programmed is services as handed to the reconciler: backends whose
-	// health checks fail have weight 0, drained-out ones are disabled.
-	programmed []lb.Service
+	// index is what the datapath holds per frontend, as of this view.
+	index map[lb.Frontend]*programmedService
 	// configStates are the sources' states of overridden backends.
 	configStates   map[overrideKey]lb.BackendState
 	conflicts      []string
@@ -522,9 +521,10 @@ func (d *Daemon) apply() error {
 		d.log.Error("reconcile failed; retrying", "error", err)
 	}
 	state := d.rec.Programmed()
+	index := indexProgrammed(d.cfg.Maglev.Seed, state, programmed)
 	// Probe every backend that has an entry, healthy or not: a backend
 	// that failed must be able to come back.
-	d.health.Update(desired, healthTargets(state))
+	d.health.Update(desired, healthTargets(index))
 	// The view shows the states this pass programmed; backends the update
 	// just started probing show their initial state, which is what they
 	// were programmed with (a backend not probed yet counts as up).
@@ -535,7 +535,7 @@ func (d *Daemon) apply() error {
 	}
 	refused = append(refused, mapFull(err, desired)...)
 	d.countNewRefusals(refused)
-	v := &view{services: desired, programmed: programmed, configStates: configStates, rejected: rejected, refused: refused,
+	v := &view{services: desired, index: index, configStates: configStates, rejected: rejected, refused: refused,
 		conflictList: conflicts, state: state, cfg: d.cfg, healthWarnings: warnings, health: healthStates}
 	for _, c := range conflicts {
 		v.conflicts = append(v.conflicts, c.String())

@@ -4,13 +4,11 @@ package daemon
 
 import (
 	"fmt"
-	"net/netip"
 	"time"
 
 	"github.com/l4lb/l4lb/lb"
 	"github.com/l4lb/l4lb/lb/datapath"
 	"github.com/l4lb/l4lb/lb/health"
-	"github.com/l4lb/l4lb/lb/reconciler"
 )
 
 // healthTargets says how each backend is probed. A DSR backend is checked
@@ -18,19 +16,13 @@ import (
 // backend, which the datapath's l4lb_hc program dispatches to exactly that
 // backend. SNAT backends, and DSR backends not programmed yet (no id to
 // mark), are probed on their own address.
-func healthTargets(st reconciler.State) func(svc lb.Service, b lb.Backend) health.Target {
-	ids := map[lb.Frontend]map[netip.AddrPort]reconciler.BackendID{}
-	for _, s := range st.Services {
-		m := map[netip.AddrPort]reconciler.BackendID{}
-		for _, b := range s.Backends {
-			m[b.Addr] = b.ID
-		}
-		ids[s.Service.Frontend] = m
-	}
+func healthTargets(index map[lb.Frontend]*programmedService) func(svc lb.Service, b lb.Backend) health.Target {
 	return func(svc lb.Service, b lb.Backend) health.Target {
 		if svc.Mode == lb.ModeDSR {
-			if id, ok := ids[svc.Frontend][b.Addr]; ok {
-				return health.ThroughVIP(svc, datapath.HealthMarkFor(id))
+			if ps, ok := index[svc.Frontend]; ok {
+				if id, ok := ps.ids[b.Addr]; ok {
+					return health.ThroughVIP(svc, datapath.HealthMarkFor(id))
+				}
 			}
 		}
 		return health.Direct(svc, b)

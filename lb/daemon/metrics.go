@@ -3,16 +3,13 @@
 package daemon
 
 import (
-	"net/netip"
 	"regexp"
 	"strings"
 	"time"
 
 	"github.com/l4lb/l4lb/lb"
 	"github.com/l4lb/l4lb/lb/health"
-	"github.com/l4lb/l4lb/lb/maglev"
 	"github.com/l4lb/l4lb/lb/metrics"
-	"github.com/l4lb/l4lb/lb/reconciler"
 )
 
 var _ metrics.Source = (*Daemon)(nil)
@@ -26,19 +23,11 @@ const countMaxAge = 5 * time.Second
 func (d *Daemon) Snapshot() metrics.Snapshot {
 	v := d.view.Load()
 	var snap metrics.Snapshot
-	byFE := map[lb.Frontend]reconciler.ServiceState{}
-	for _, s := range v.state.Services {
-		byFE[s.Service.Frontend] = s
-	}
-	fingerprints := map[string]string{}
-	for _, svc := range v.programmed {
-		fingerprints[svc.Name] = maglev.Fingerprint(v.cfg.Maglev.Seed, svc.TableSize, eligible(svc))
-	}
 	for _, svc := range v.services {
-		ps := byFE[svc.Frontend]
+		ps := v.programmedOf(svc.Frontend)
 		ms := metrics.Service{
 			Name: svc.Name, Frontend: svc.Frontend, Mode: svc.Mode, Dispatch: svc.Dispatch,
-			Source: svc.Source, Fingerprint: fingerprints[svc.Name],
+			Source: svc.Source, Fingerprint: ps.fingerprint,
 		}
 		if d.dp != nil && ps.ID != 0 {
 			if c, err := d.dp.ServiceCounters(ps.ID); err == nil {
@@ -48,14 +37,10 @@ func (d *Daemon) Snapshot() metrics.Snapshot {
 				snap.Errors = append(snap.Errors, err)
 			}
 		}
-		ids := map[netip.AddrPort]reconciler.BackendID{}
-		for _, b := range ps.Backends {
-			ids[b.Addr] = b.ID
-		}
 		for _, b := range svc.Backends {
 			mb := metrics.Backend{Addr: b.Addr, Weight: b.Weight, State: b.State, Health: healthOf(v, svc, b)}
 			_, mb.Override = v.configStates[overrideKey{Service: svc.Name, Backend: b.Addr}]
-			if id, ok := ids[b.Addr]; ok && d.dp != nil {
+			if id, ok := ps.ids[b.Addr]; ok && d.dp != nil {
 				if c, err := d.dp.BackendCounters(id); err == nil {
 					mc := metrics.Counters(c)
 					mb.Counters = &mc

@@ -60,18 +60,10 @@ func (d *Daemon) Status() api.Status {
 // is programmed and the live counters.
 func (d *Daemon) Services() []api.Service {
 	v := d.view.Load()
-	byFE := map[lb.Frontend]reconciler.ServiceState{}
-	for _, s := range v.state.Services {
-		byFE[s.Service.Frontend] = s
-	}
-	fingerprints := map[string]string{}
-	for _, svc := range v.programmed {
-		fingerprints[svc.Name] = maglev.Fingerprint(v.cfg.Maglev.Seed, svc.TableSize, eligible(svc))
-	}
 	states := v.health
 	out := make([]api.Service, 0, len(v.services))
 	for _, svc := range v.services {
-		ps := byFE[svc.Frontend]
+		ps := v.programmedOf(svc.Frontend)
 		as := api.Service{
 			Name:        svc.Name,
 			Frontend:    svc.Frontend.String(),
@@ -79,20 +71,12 @@ func (d *Daemon) Services() []api.Service {
 			Dispatch:    svc.Dispatch.String(),
 			TableSize:   svc.TableSize,
 			Source:      svc.Source,
-			Fingerprint: fingerprints[svc.Name],
+			Fingerprint: ps.fingerprint,
 		}
 		if d.dp != nil && ps.ID != 0 {
 			if c, err := d.dp.ServiceCounters(ps.ID); err == nil {
 				as.Counters = api.Counters(c)
 			}
-		}
-		ids := map[netip.AddrPort]reconciler.BackendID{}
-		for _, b := range ps.Backends {
-			ids[b.Addr] = b.ID
-		}
-		slots := map[reconciler.BackendID]int{}
-		for _, id := range ps.Table {
-			slots[id]++
 		}
 		for _, b := range svc.Backends {
 			ab := api.Backend{Address: b.Addr.String(), Weight: b.Weight, State: b.State.String(), ConfigState: b.State.String()}
@@ -104,8 +88,8 @@ func (d *Daemon) Services() []api.Service {
 			if st, ok := states[health.Key{Service: svc.Name, Backend: b.Addr}]; ok && st.State == health.Down {
 				ab.HealthError = st.LastError
 			}
-			if id, ok := ids[b.Addr]; ok {
-				ab.Slots = slots[id]
+			if id, ok := ps.ids[b.Addr]; ok {
+				ab.Slots = ps.slots[id]
 				if d.dp != nil {
 					if c, err := d.dp.BackendCounters(id); err == nil {
 						ab.Counters = api.Counters(c)
@@ -158,6 +142,15 @@ func (d *Daemon) Conntrack() (api.Conntrack, error) {
 	return ct, nil
 }
 
+// programmedOf returns what is programmed for fe; the zero value (no id,
+// no table, nothing indexed) when nothing is.
+func (v *view) programmedOf(fe lb.Frontend) *programmedService {
+	if ps, ok := v.index[fe]; ok {
+		return ps
+	}
+	return &programmedService{}
+}
+
 // programmed returns the desired service named name and what is programmed
 // for it.
 func (d *Daemon) programmed(name string) (lb.Service, reconciler.ServiceState, *view, error) {
@@ -166,10 +159,8 @@ func (d *Daemon) programmed(name string) (lb.Service, reconciler.ServiceState, *
 		if svc.Name != name {
 			continue
 		}
-		for _, st := range v.state.Services {
-			if st.Service.Frontend == svc.Frontend && st.HasTable {
-				return svc, st, v, nil
-			}
+		if ps := v.programmedOf(svc.Frontend); ps.HasTable {
+			return svc, ps.ServiceState, v, nil
 		}
 		return svc, reconciler.ServiceState{}, v, fmt.Errorf("service %q is not programmed (yet): see l4lbctl status", name)
 	}
