@@ -40,9 +40,7 @@ int l4lb_floor(struct xdp_md *ctx)
 
 	if (parse_packet(data, data_end, &p) >= 0)
 		return XDP_PASS;
-	copy16(sk.addr, p.key.dst);
-	sk.port = p.key.dport;
-	sk.proto = p.key.proto;
+	svc_key_of(&sk, &p.key);
 	if (bpf_map_lookup_elem(&floor_services, &sk)) {
 		hits = bpf_map_lookup_elem(&floor_hits, &zero);
 		if (hits)

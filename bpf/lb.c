@@ -176,19 +176,44 @@ drop:
 }
 
 /*
+ * Send an ICMP error on the way a SNAT binding's packets go, the LB being a
+ * router hop: from src to dst, the quoted packet becoming dst:dport ->
+ * src:sport (what the recipient sent).
+ */
+static __always_inline int icmp_snat_send(const struct hook *h, const struct packet *p, const struct icmp_quote *q,
+					  const __u8 *src, __be16 sport, const __u8 *dst, __be16 dport, int *reason)
+{
+	struct route rt;
+	int r;
+
+	if (snat_ttl_expired(h, p)) {
+		r = L4LB_R_DROP_TTL_EXCEEDED;
+		goto drop;
+	}
+	r = route_lookup(h, p->family, src, dst, p->l3_len, p->l3_len, &rt);
+	if (r >= 0)
+		goto drop;
+	r = icmp_rewrite(h, p, q, src, dst, dst, dport, src, sport, 1);
+	if (r >= 0)
+		goto drop;
+	return transmit(h, &rt, reason);
+drop:
+	*reason = r;
+	return hook_drop(h);
+}
+
+/*
  * An ICMP error about a SNAT flow's reply (p->key: the flow as its client
  * sends it) goes to the backend through the flow's binding, translated as
  * the flow's packets are: outer SNAT address -> backend, quoted backend:port
- * -> SNAT address:port. The LB is a router hop here, as for the flow.
+ * -> SNAT address:port.
  */
 static __always_inline int icmp_to_snat_backend(const struct hook *h, const struct packet *p,
 						const struct icmp_quote *q, int *reason)
 {
 	struct snat_fwd_value *fwd;
 	struct snat_work *s;
-	struct route rt;
 	__u32 zero = 0;
-	int r;
 
 	s = bpf_map_lookup_elem(&snat_scratch, &zero);
 	fwd = bpf_map_lookup_elem(&snat_fwd, &p->key);
@@ -198,21 +223,7 @@ static __always_inline int icmp_to_snat_backend(const struct hook *h, const stru
 	}
 	/* A copy: another CPU may reuse the entry while this one works. */
 	s->fv = *fwd;
-	if (snat_ttl_expired(h, p)) {
-		r = L4LB_R_DROP_TTL_EXCEEDED;
-		goto drop;
-	}
-	r = route_lookup(h, p->family, s->fv.snat_addr, s->fv.backend_addr, p->l3_len, p->l3_len, &rt);
-	if (r >= 0)
-		goto drop;
-	r = icmp_rewrite(h, p, q, s->fv.snat_addr, s->fv.backend_addr, s->fv.backend_addr, s->fv.backend_port,
-			 s->fv.snat_addr, s->fv.snat_port, 1);
-	if (r >= 0)
-		goto drop;
-	return transmit(h, &rt, reason);
-drop:
-	*reason = r;
-	return hook_drop(h);
+	return icmp_snat_send(h, p, q, s->fv.snat_addr, s->fv.snat_port, s->fv.backend_addr, s->fv.backend_port, reason);
 }
 
 /*
@@ -226,9 +237,7 @@ static __always_inline int icmp_to_snat_client(const struct hook *h, const struc
 {
 	struct snat_rev_value *rv;
 	struct snat_work *s;
-	struct route rt;
 	__u32 zero = 0;
-	int r;
 
 	s = bpf_map_lookup_elem(&snat_scratch, &zero);
 	if (!s || !snat_is_ours(p))
@@ -238,21 +247,7 @@ static __always_inline int icmp_to_snat_client(const struct hook *h, const struc
 	if (!rv)
 		goto pass;
 	s->rv = *rv;
-	if (snat_ttl_expired(h, p)) {
-		r = L4LB_R_DROP_TTL_EXCEEDED;
-		goto drop;
-	}
-	r = route_lookup(h, p->family, s->rv.vip, s->rv.client_addr, p->l3_len, p->l3_len, &rt);
-	if (r >= 0)
-		goto drop;
-	r = icmp_rewrite(h, p, q, s->rv.vip, s->rv.client_addr, s->rv.client_addr, s->rv.client_port, s->rv.vip,
-			 s->rv.vip_port, 1);
-	if (r >= 0)
-		goto drop;
-	return transmit(h, &rt, reason);
-drop:
-	*reason = r;
-	return hook_drop(h);
+	return icmp_snat_send(h, p, q, s->rv.vip, s->rv.vip_port, s->rv.client_addr, s->rv.client_port, reason);
 pass:
 	*reason = L4LB_R_PASS_NOT_SERVICE;
 	return hook_pass(h);
@@ -294,9 +289,7 @@ static __always_inline int icmp_error(const struct hook *h, struct packet *p)
 	p->key.proto = q.key.proto;
 	p->l4_hlen = ICMP_HLEN;
 
-	copy16(sk.addr, p->key.dst);
-	sk.port = p->key.dport;
-	sk.proto = p->key.proto;
+	svc_key_of(&sk, &p->key);
 	svc = bpf_map_lookup_elem(&services, &sk);
 	if (!svc) {
 		verdict = icmp_to_snat_client(h, p, &q, &reason);
@@ -365,9 +358,7 @@ static __always_inline int lb_process(const struct hook *h, struct icmp_todo *to
 		return hook_pass(h);
 	}
 
-	copy16(sk.addr, p->key.dst);
-	sk.port = p->key.dport;
-	sk.proto = p->key.proto;
+	svc_key_of(&sk, &p->key);
 	svc = bpf_map_lookup_elem(&services, &sk);
 	if (!svc) {
 		/* Maybe a backend's reply to a SNAT flow. */
@@ -561,9 +552,7 @@ int l4lb_hc(struct __sk_buff *skb)
 	data_end = hook_data_end(&h);
 	if (parse_packet(data, data_end, &p) >= 0 || p.vlan)
 		return TCX_NEXT;
-	copy16(sk.addr, p.key.dst);
-	sk.port = p.key.dport;
-	sk.proto = p.key.proto;
+	svc_key_of(&sk, &p.key);
 	svc = bpf_map_lookup_elem(&services, &sk);
 	/* SNAT backends are probed on their own address, unmarked. */
 	if (!svc || svc->mode != L4LB_MODE_DSR)

@@ -45,6 +45,15 @@ struct packet {
 	__u8 l4_hlen;        /* TCP header length with options; 8 for UDP */
 };
 
+/* The service-map key of the frontend a flow is addressed to. */
+static __always_inline void svc_key_of(struct svc_key *sk, const struct flow_key *k)
+{
+	copy16(sk->addr, k->dst);
+	sk->port = k->dport;
+	sk->proto = k->proto;
+	sk->pad = 0;
+}
+
 #define TCP_FLAG_SYN 0x02
 #define TCP_FLAG_ACK 0x10
 
