@@ -163,17 +163,34 @@ func readTable(id ebpf.MapID) (table []reconciler.BackendID, ok bool, err error)
 	if info.Name == tombstoneName {
 		return nil, false, nil
 	}
-	var (
-		k     uint32
-		chunk [maglevChunk]uint32
-		flat  []uint32
-	)
+	// One batch read per table rather than one lookup per chunk: a
+	// restart reads back every service's table.
 	n := m.MaxEntries()
-	for k = 0; k < n; k++ {
-		if err := m.Lookup(&k, &chunk); err != nil {
+	keys := make([]uint32, n)
+	chunks := make([][maglevChunk]uint32, n)
+	var (
+		cur  ebpf.MapBatchCursor
+		read int
+	)
+	for read < int(n) {
+		got, err := m.BatchLookup(&cur, keys[read:], chunks[read:], nil)
+		read += got
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			break
+		}
+		if err != nil {
 			return nil, false, err
 		}
-		flat = append(flat, chunk[:]...)
+	}
+	if read != int(n) {
+		return nil, false, fmt.Errorf("read %d of the table's %d chunks", read, n)
+	}
+	flat := make([]uint32, 0, int(n)*maglevChunk)
+	for i := range chunks[:read] {
+		if keys[i] != uint32(i) {
+			return nil, false, fmt.Errorf("table chunk %d came back as key %d", i, keys[i])
+		}
+		flat = append(flat, chunks[i][:]...)
 	}
 	if len(flat) == 0 {
 		return nil, false, errors.New("empty table map")
