@@ -85,31 +85,32 @@ const (
 type LbL4lbReason uint32
 
 const (
-	LbL4lbReasonL4LB_R_PASS_NOT_IP           LbL4lbReason = 0
-	LbL4lbReasonL4LB_R_PASS_NOT_SERVICE      LbL4lbReason = 1
-	LbL4lbReasonL4LB_R_PASS_MALFORMED_L3     LbL4lbReason = 2
-	LbL4lbReasonL4LB_R_PASS_MALFORMED_L4     LbL4lbReason = 3
-	LbL4lbReasonL4LB_R_PASS_FRAGMENT         LbL4lbReason = 4
-	LbL4lbReasonL4LB_R_PASS_EXT_CHAIN        LbL4lbReason = 5
-	LbL4lbReasonL4LB_R_PASS_VLAN             LbL4lbReason = 6
-	LbL4lbReasonL4LB_R_PASS_NO_NEIGH         LbL4lbReason = 7
-	LbL4lbReasonL4LB_R_DROP_NO_BACKEND       LbL4lbReason = 8
-	LbL4lbReasonL4LB_R_DROP_NO_ROUTE         LbL4lbReason = 9
-	LbL4lbReasonL4LB_R_DROP_FRAG_NEEDED      LbL4lbReason = 10
-	LbL4lbReasonL4LB_R_DROP_ENCAP            LbL4lbReason = 11
-	LbL4lbReasonL4LB_R_PASS_NO_TX_PORT       LbL4lbReason = 12
-	LbL4lbReasonL4LB_R_DROP_SNAT_EXHAUSTED   LbL4lbReason = 13
-	LbL4lbReasonL4LB_R_PASS_TTL_EXCEEDED     LbL4lbReason = 14
-	LbL4lbReasonL4LB_R_DROP_TTL_EXCEEDED     LbL4lbReason = 15
-	LbL4lbReasonL4LB_R_DROP_SNAT_REWRITE     LbL4lbReason = 16
-	LbL4lbReasonL4LB_R_DROP_OPT_NO_ROOM      LbL4lbReason = 17
-	LbL4lbReasonL4LB_R_DROP_HC_NO_BACKEND    LbL4lbReason = 18
-	LbL4lbReasonL4LB_R_ICMP_FRAG_NEEDED_SENT LbL4lbReason = 19
-	LbL4lbReasonL4LB_R_ICMP_RATE_LIMITED     LbL4lbReason = 20
-	LbL4lbReasonL4LB_R_DROP_SOURCE_RANGE     LbL4lbReason = 21
-	LbL4lbReasonL4LB_R_ICMP_ERROR_FORWARDED  LbL4lbReason = 22
-	LbL4lbReasonL4LB_R_PASS_ICMP_QUOTE       LbL4lbReason = 23
-	LbL4lbReasonL4LB_R_MAX                   LbL4lbReason = 24
+	LbL4lbReasonL4LB_R_PASS_NOT_IP            LbL4lbReason = 0
+	LbL4lbReasonL4LB_R_PASS_NOT_SERVICE       LbL4lbReason = 1
+	LbL4lbReasonL4LB_R_PASS_MALFORMED_L3      LbL4lbReason = 2
+	LbL4lbReasonL4LB_R_PASS_MALFORMED_L4      LbL4lbReason = 3
+	LbL4lbReasonL4LB_R_PASS_FRAGMENT          LbL4lbReason = 4
+	LbL4lbReasonL4LB_R_PASS_EXT_CHAIN         LbL4lbReason = 5
+	LbL4lbReasonL4LB_R_PASS_VLAN              LbL4lbReason = 6
+	LbL4lbReasonL4LB_R_PASS_NO_NEIGH          LbL4lbReason = 7
+	LbL4lbReasonL4LB_R_DROP_NO_BACKEND        LbL4lbReason = 8
+	LbL4lbReasonL4LB_R_DROP_NO_ROUTE          LbL4lbReason = 9
+	LbL4lbReasonL4LB_R_DROP_FRAG_NEEDED       LbL4lbReason = 10
+	LbL4lbReasonL4LB_R_DROP_ENCAP             LbL4lbReason = 11
+	LbL4lbReasonL4LB_R_PASS_NO_TX_PORT        LbL4lbReason = 12
+	LbL4lbReasonL4LB_R_DROP_SNAT_EXHAUSTED    LbL4lbReason = 13
+	LbL4lbReasonL4LB_R_PASS_TTL_EXCEEDED      LbL4lbReason = 14
+	LbL4lbReasonL4LB_R_DROP_TTL_EXCEEDED      LbL4lbReason = 15
+	LbL4lbReasonL4LB_R_DROP_SNAT_REWRITE      LbL4lbReason = 16
+	LbL4lbReasonL4LB_R_DROP_OPT_NO_ROOM       LbL4lbReason = 17
+	LbL4lbReasonL4LB_R_DROP_HC_NO_BACKEND     LbL4lbReason = 18
+	LbL4lbReasonL4LB_R_ICMP_FRAG_NEEDED_SENT  LbL4lbReason = 19
+	LbL4lbReasonL4LB_R_ICMP_RATE_LIMITED      LbL4lbReason = 20
+	LbL4lbReasonL4LB_R_DROP_SOURCE_RANGE      LbL4lbReason = 21
+	LbL4lbReasonL4LB_R_ICMP_ERROR_FORWARDED   LbL4lbReason = 22
+	LbL4lbReasonL4LB_R_PASS_ICMP_QUOTE        LbL4lbReason = 23
+	LbL4lbReasonL4LB_R_EVENT_CT_INSERT_FAILED LbL4lbReason = 24
+	LbL4lbReasonL4LB_R_MAX                    LbL4lbReason = 25
 )
 
 type LbL4lbSnatState uint32

@@ -20,6 +20,7 @@
 #include "affinity.h"
 #include "maglev.h"
 #include "parse.h"
+#include "stats.h"
 
 /* last_seen is refreshed at most this often, to keep the entry's cache line
  * from bouncing between CPUs on every packet. */
@@ -97,7 +98,11 @@ static __always_inline int select_backend(struct packet *p, const struct svc_val
 			.hash = (__u32)hash,
 		};
 
-		bpf_map_update_elem(&conntrack, &p->key, &v, BPF_ANY);
+		/* The flow is still forwarded (Maglev gives its later packets
+		 * the same backend while the table holds); the failure is
+		 * what `l4lbctl conntrack stats` reports. */
+		if (bpf_map_update_elem(&conntrack, &p->key, &v, BPF_ANY))
+			count_reason(L4LB_R_EVENT_CT_INSERT_FAILED, p->l3_len);
 		sel->new_flow = 1;
 	}
 	return -1;

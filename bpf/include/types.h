@@ -155,6 +155,7 @@ enum l4lb_reason {
 	L4LB_R_DROP_SOURCE_RANGE,    /* client outside the service's source_ranges */
 	L4LB_R_ICMP_ERROR_FORWARDED, /* ICMP error about a frontend's flow or a SNAT binding: sent where that flow goes */
 	L4LB_R_PASS_ICMP_QUOTE,      /* ICMP error whose quoted packet is cut short or not a TCP/UDP first fragment: passed */
+	L4LB_R_EVENT_CT_INSERT_FAILED, /* not a verdict: a flow could not be recorded in the connection table (still forwarded) */
 	L4LB_R_MAX,
 };
 
