@@ -53,11 +53,8 @@ func (d *Daemon) Snapshot() metrics.Snapshot {
 		snap.Services = append(snap.Services, ms)
 	}
 	if d.dp != nil {
-		if reasons, err := d.dp.Reasons(); err == nil {
-			for _, name := range d.dp.ReasonNames() {
-				r := reasons[name]
-				snap.Reasons = append(snap.Reasons, metrics.Reason{Name: name, Packets: r.Packets, Bytes: r.Bytes})
-			}
+		if reasons, err := d.reasons(); err == nil {
+			snap.Reasons = reasons
 		} else {
 			snap.Errors = append(snap.Errors, err)
 		}

@@ -45,15 +45,29 @@ func (d *Daemon) Status() api.Status {
 	for _, ifc := range v.cfg.Datapath.Interfaces {
 		st.Interfaces = append(st.Interfaces, api.Interface{Name: ifc, Attach: v.cfg.Datapath.Attach.String(), Mode: v.cfg.Datapath.XDPMode.String()})
 	}
-	if d.dp != nil {
-		if reasons, err := d.dp.Reasons(); err == nil {
-			for _, name := range d.dp.ReasonNames() {
-				r := reasons[name]
-				st.Reasons = append(st.Reasons, api.Reason{Name: name, Packets: r.Packets, Bytes: r.Bytes})
-			}
+	if reasons, err := d.reasons(); err == nil {
+		for _, r := range reasons {
+			st.Reasons = append(st.Reasons, api.Reason{Name: r.Name, Packets: r.Packets, Bytes: r.Bytes})
 		}
 	}
 	return st
+}
+
+// reasons reads the datapath's reason counters in the enum's order.
+func (d *Daemon) reasons() ([]metrics.Reason, error) {
+	if d.dp == nil {
+		return nil, nil
+	}
+	counts, err := d.dp.Reasons()
+	if err != nil {
+		return nil, err
+	}
+	var out []metrics.Reason
+	for _, name := range d.dp.ReasonNames() {
+		r := counts[name]
+		out = append(out, metrics.Reason{Name: name, Packets: r.Packets, Bytes: r.Bytes})
+	}
+	return out, nil
 }
 
 // Services implements api.Provider: the desired services joined with what
