@@ -6,10 +6,15 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 	"sync"
 	"syscall"
 	"testing"
 )
+
+// withoutNetAdmin marks the copy of the test binary that runs without
+// CAP_NET_ADMIN.
+const withoutNetAdmin = "L4LB_TEST_WITHOUT_NET_ADMIN"
 
 // TestMark checks that every kind of probe socket carries the target's mark
 // from before it connects. Setting SO_MARK needs CAP_NET_ADMIN.
@@ -78,8 +83,17 @@ func TestMark(t *testing.T) {
 // TestMarkNeedsPrivilege checks the error of an unprivileged l4lbd that is
 // asked to mark its probes.
 func TestMarkNeedsPrivilege(t *testing.T) {
-	if os.Geteuid() == 0 {
-		t.Skip("running as root, where setting SO_MARK succeeds")
+	if os.Geteuid() == 0 && os.Getenv(withoutNetAdmin) == "" {
+		// As root the check runs in a copy of this test binary whose
+		// capabilities lack CAP_NET_ADMIN and CAP_NET_RAW, either of which lets
+		// a socket set SO_MARK.
+		cmd := exec.Command("setpriv", "--inh-caps=-net_admin,-net_raw", "--bounding-set=-net_admin,-net_raw", "--",
+			os.Args[0], "-test.run=^TestMarkNeedsPrivilege$", "-test.count=1")
+		cmd.Env = append(os.Environ(), withoutNetAdmin+"=1")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("without CAP_NET_ADMIN: %v\n%s", err, out)
+		}
+		return
 	}
 	srv := newTCPServer(t)
 	err := TCP{}.Check(probeCtx(t, patience), Target{Addr: srv.addr, Mark: 7})
