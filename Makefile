@@ -1,6 +1,7 @@
 # l4lb build, test and install.
 #
 #   make            build bin/l4lbd and bin/l4lbctl
+#   make deps       install the Debian packages tests need, mount bpffs (root)
 #   make generate   recompile the BPF C with clang-19 and regenerate the Go bindings
 #   make test       every test, privileged ones included (run as root; CI runs this)
 #   make lint       go vet + staticcheck
@@ -27,13 +28,21 @@ GENERATED := $(wildcard bpf/*_bpfel.go bpf/*_bpfel.o)
 export L4LB_PRIVILEGED_TESTS := 1
 TESTFLAGS ?= -count=1 -timeout 30m
 
-.PHONY: all build generate check-generate test test-unit lint demo bench install uninstall clean
+.PHONY: all build deps deps-demo generate check-generate check-tidy test test-unit lint demo bench install uninstall clean
 
 all: build
 
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/l4lbd ./cmd/l4lbd
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/l4lbctl ./cmd/l4lbctl
+
+# What a fresh Debian 12 + Go machine lacks (scripts/deps.sh, shared with
+# .ci/run): installed when run as root, otherwise named. Idempotent.
+deps:
+	@scripts/deps.sh test
+
+deps-demo:
+	@scripts/deps.sh demo
 
 generate:
 	cd bpf && $(GO) generate ./...
@@ -57,15 +66,20 @@ CONSUL := $(BIN)/consul
 $(CONSUL): tests/tools/go.mod tests/tools/go.sum
 	cd tests/tools && $(GO) build -o $(abspath $(CONSUL)) github.com/hashicorp/consul
 
-test: check-generate build $(CONSUL)
+# go.mod and go.sum must be what `go mod tidy` makes them: a direct
+# dependency marked indirect, or a stale sum, fails the build here.
+check-tidy:
+	@$(GO) mod tidy -diff || { echo "go.mod/go.sum are not tidy: run go mod tidy"; exit 1; }
+
+test: deps check-generate check-tidy build $(CONSUL)
 	$(GO) vet ./...
 	$(GO) test $(TESTFLAGS) ./...
 
-lint:
+lint: check-tidy
 	$(GO) vet ./...
 	$(GO) tool staticcheck ./...
 
-demo: build
+demo: deps-demo build
 	$(GO) run ./tests/demo -l4lbd $(BIN)/l4lbd -config etc/examples/demo.toml
 
 # Benchmarks, each next to its baseline in the same run: Maglev builds

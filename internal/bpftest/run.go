@@ -92,3 +92,29 @@ func Run(prog *ebpf.Program, data []byte, ctx any, repeat uint32) (Result, error
 		Out:      out[:attr.dataSizeOut],
 	}, nil
 }
+
+// KernelNow is the kernel's monotonic clock, the one bpf_ktime_get_ns and
+// bpf_ktime_get_coarse_ns read: time since boot. Tests that age a map entry
+// must compute the age from it, never from a constant such as 1, because a
+// machine booted minutes ago has a small clock. The coarse clock the
+// datapath reads may lag this one by a tick (a few milliseconds).
+func KernelNow() time.Duration {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		// CLOCK_MONOTONIC exists on every Linux the datapath runs on.
+		panic(fmt.Sprintf("clock_gettime(CLOCK_MONOTONIC): %v", err))
+	}
+	return time.Duration(ts.Nano())
+}
+
+// AgeableTimeout is a timeout that entries can be aged past with
+// KernelNow: at most hi, and at most a quarter of the kernel's clock, so
+// that "now minus twice the timeout" still lies after boot. On a machine up
+// for less than four times lo it waits until the clock gets there (a few
+// seconds at most), so callers hold at any uptime.
+func AgeableTimeout(lo, hi time.Duration) time.Duration {
+	for KernelNow() < 4*lo {
+		time.Sleep(100 * time.Millisecond)
+	}
+	return max(lo, min(KernelNow()/4, hi))
+}

@@ -11,6 +11,7 @@ import (
 	"github.com/cilium/ebpf"
 
 	"github.com/l4lb/l4lb/bpf"
+	"github.com/l4lb/l4lb/internal/bpftest"
 	"github.com/l4lb/l4lb/internal/pkttest"
 	"github.com/l4lb/l4lb/lb"
 	"github.com/l4lb/l4lb/lb/maglev"
@@ -87,7 +88,10 @@ func TestAffinity(t *testing.T) {
 				t.Run(k.String()+"/"+fam.name+"/"+kind.name, func(t *testing.T) {
 					e := newEnv(t)
 					svc := dsrService("sticky", fam.vip, 80, kind.proto, fam.backends...)
-					svc.Affinity = lb.Affinity{ClientIP: true, Timeout: time.Hour}
+					// A timeout that can be aged past at any
+					// uptime: the datapath's clock counts from boot.
+					timeout := bpftest.AgeableTimeout(5*time.Second, time.Hour)
+					svc.Affinity = lb.Affinity{ClientIP: true, Timeout: timeout}
 					plain := dsrService("plain", fam.vip, 81, kind.proto, fam.backends...)
 					e.reconcile(t, svc, plain)
 					fe := svc.Frontend
@@ -126,20 +130,38 @@ func TestAffinity(t *testing.T) {
 						t.Error("a service without affinity wrote an affinity entry")
 					}
 
-					// Past its timeout: an entry last seen at boot is
-					// forgotten, and the new flow's choice replaces it.
+					// Aged on the datapath's own clock (time since
+					// boot), both sides of the timeout: last seen half
+					// a timeout ago the entry still holds; last seen
+					// two timeouts ago it is forgotten, and the new
+					// flow's choice replaces it.
 					m := e.lb.Maps()[bpf.LbMapAffinity]
 					key := affinityKey(id, fam.client)
-					old := bpf.LbAffinityValue{BackendId: e.backendID(t, fe, b0), LastSeen: 1}
-					if err := m.Update(&key, &old, ebpf.UpdateExist); err != nil {
-						t.Fatal(err)
+					age := func(ago time.Duration) uint64 {
+						t.Helper()
+						seen := uint64(bpftest.KernelNow() - ago)
+						v := bpf.LbAffinityValue{BackendId: e.backendID(t, fe, b0), LastSeen: seen}
+						if err := m.Update(&key, &v, ebpf.UpdateExist); err != nil {
+							t.Fatal(err)
+						}
+						return seen
 					}
-					f := firstElsewhere(t, svc, fam.client, 51200, b0)
+					seen := age(timeout / 2)
+					live := firstElsewhere(t, svc, fam.client, 51200, b0)
+					if got := e.sendFlow(t, k, live, kind); got != b0 {
+						t.Errorf("last seen half a timeout (%s) ago, new flow went to %s, want the client's %s (Maglev says %s)",
+							timeout/2, got, b0, mustPick(t, svc, live))
+					}
+					if v, _ := e.affinityOf(t, fe, fam.client); v.BackendId != e.backendID(t, fe, b0) || v.LastSeen <= seen {
+						t.Errorf("after a flow within the timeout the entry is %+v, want backend id %d refreshed past %d", v, e.backendID(t, fe, b0), seen)
+					}
+					seen = age(2 * timeout)
+					f := firstElsewhere(t, svc, fam.client, 51600, b0)
 					b1 := e.sendFlow(t, k, f, kind)
 					if want := mustPick(t, svc, f); b1 != want {
-						t.Errorf("after expiry, new flow went to %s, want Maglev's %s", b1, want)
+						t.Errorf("last seen two timeouts ago, new flow went to %s, want Maglev's %s", b1, want)
 					}
-					if v, _ := e.affinityOf(t, fe, fam.client); v.BackendId != e.backendID(t, fe, b1) || v.LastSeen <= 1 {
+					if v, _ := e.affinityOf(t, fe, fam.client); v.BackendId != e.backendID(t, fe, b1) || v.LastSeen <= seen {
 						t.Errorf("after expiry the entry is %+v, want backend id %d seen now", v, e.backendID(t, fe, b1))
 					}
 

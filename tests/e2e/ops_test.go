@@ -208,10 +208,18 @@ func (s *topoStart) run(t *testing.T, wrapper []string, cfg string) (failed *boo
 	t.Helper()
 	path := t.TempDir() + "/l4lb.toml"
 	sock := t.TempDir() + "/l4lb.sock"
-	pins := "/sys/fs/bpf/l4lb-capfail-" + strings.ReplaceAll(t.Name(), "/", "-")
+	// A directory of its own: a fixed name would adopt whatever an
+	// earlier, interrupted run left pinned there.
+	pins, err := os.MkdirTemp("/sys/fs/bpf", "l4lb-capfail-")
+	if err != nil {
+		t.Fatalf("pin directory: %v", err)
+	}
 	cfg = strings.ReplaceAll(strings.ReplaceAll(cfg, "{{socket}}", sock), "{{bpffs}}", pins)
 	writeFile(t, path, cfg)
-	t.Cleanup(func() { runQuiet(l4lbd(), "--config", path, "--cleanup") })
+	t.Cleanup(func() {
+		runQuiet(l4lbd(), "--config", path, "--cleanup")
+		os.RemoveAll(pins)
+	})
 	p := s.h.Start(wrapper[0], append(append([]string{}, wrapper[1:]...), l4lbd(), "--config", path)...)
 	deadline := time.Now().Add(20 * time.Second)
 	for time.Now().Before(deadline) {

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Install what a fresh Debian 12 machine with Go lacks, idempotently, and
+# mount bpffs where the machine has not. Shared by `make deps`, `make demo`
+# and .ci/run, so that the quick start and CI agree on what they need.
+#
+#   scripts/deps.sh demo   what `make demo` runs: ip, ethtool, nsenter, bpffs
+#   scripts/deps.sh test   everything `make test` needs (the default)
+#
+# As root, missing Debian packages are installed with apt-get; otherwise the
+# script names them and exits non-zero.
+set -euo pipefail
+
+profile=${1:-test}
+# Runtime tools of the topology the demo and the end-to-end tests build.
+demo=(iproute2 ethtool util-linux)
+case "$profile" in
+demo) pkgs=("${demo[@]}") ;;
+test)
+	# clang/llvm/libbpf: make generate and its check; gcc: the multiarch
+	# include path; systemd: systemd-analyze for the unit tests.
+	pkgs=("${demo[@]}" clang-19 llvm-19 libbpf-dev systemd make gcc git ca-certificates) ;;
+*)
+	echo "usage: $0 [demo|test]" >&2
+	exit 2 ;;
+esac
+
+need=()
+for pkg in "${pkgs[@]}"; do
+	dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
+done
+if [ ${#need[@]} -gt 0 ]; then
+	if [ "$(id -u)" -ne 0 ]; then
+		echo "deps: missing Debian packages: ${need[*]}" >&2
+		echo "deps: run as root (sudo make deps), or: sudo apt-get install ${need[*]}" >&2
+		exit 1
+	fi
+	echo "deps: installing ${need[*]}"
+	export DEBIAN_FRONTEND=noninteractive
+	apt-get update -qq
+	apt-get install -y -qq --no-install-recommends "${need[@]}"
+fi
+
+# bpffs is where the datapath pins its maps; systemd mounts it at boot, a
+# container or a chroot may not have.
+if ! mountpoint -q /sys/fs/bpf; then
+	if [ "$(id -u)" -ne 0 ]; then
+		echo "deps: /sys/fs/bpf is not a bpffs mount; as root: mount -t bpf bpf /sys/fs/bpf" >&2
+		exit 1
+	fi
+	echo "deps: mounting bpffs on /sys/fs/bpf"
+	mount -t bpf bpf /sys/fs/bpf
+fi
