@@ -36,8 +36,9 @@ if [ ${#need[@]} -gt 0 ]; then
 	fi
 	echo "deps: installing ${need[*]}"
 	export DEBIAN_FRONTEND=noninteractive
-	apt-get update -qq
-	apt-get install -y -qq --no-install-recommends "${need[@]}"
+	# Wait for a dpkg lock another apt run holds rather than failing.
+	apt-get -o DPkg::Lock::Timeout=300 update -qq
+	apt-get -o DPkg::Lock::Timeout=300 install -y -qq --no-install-recommends "${need[@]}"
 fi
 
 # bpffs is where the datapath pins its maps; systemd mounts it at boot, a
