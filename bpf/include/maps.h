@@ -21,6 +21,32 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } services SEC(".maps");
 
+/*
+ * Service id -> the word naming what the id holds (see L4LB_WORD_* in
+ * types.h): what lets an established flow skip the service lookup.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(max_entries, 4097);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} svc_gen SEC(".maps");
+
+/*
+ * A Bloom filter over the frontends (filter.h): 64-bit words, a power of
+ * two of them (cfg_vip_filter_mask + 1). A packet whose (VIP, port,
+ * protocol) sets no complete pair of bits is to no frontend, and skips
+ * the connection and service lookups.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(max_entries, 1024);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} vip_filter SEC(".maps");
+
 /* Backend id -> backend. An array: ids are small and the lookup is inlined. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -29,6 +55,24 @@ struct {
 	__uint(max_entries, 65537);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } backends SEC(".maps");
+
+/* Backend id -> its route: next-hop ids and MTU (struct backend_route). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct backend_route);
+	__uint(max_entries, 65537);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} backend_routes SEC(".maps");
+
+/* Next-hop id -> MACs and egress interface (struct nexthop). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct nexthop);
+	__uint(max_entries, 65537);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} nexthops SEC(".maps");
 
 /*
  * Service id -> that service's Maglev table, in chunks of MAGLEV_CHUNK ids. The table
@@ -143,6 +187,24 @@ struct {
 	__type(value, struct icmp_bucket);
 	__uint(max_entries, 1);
 } icmp_buckets SEC(".maps");
+
+/* The connection-table insert limiter's bucket, one per CPU (GCRA, as
+ * icmp_buckets; datapath.flow_insert_rate). Not pinned. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct icmp_bucket);
+	__uint(max_entries, 1);
+} insert_buckets SEC(".maps");
+
+/* Per-CPU counters by enum l4lb_event. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, enum l4lb_event);
+	__type(value, __u64);
+	__uint(max_entries, L4LB_E_MAX);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} events SEC(".maps");
 
 /* Per-CPU counters by service id and by backend id. */
 struct {

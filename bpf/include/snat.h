@@ -50,6 +50,7 @@
 #include "forward.h"
 #include "hook.h"
 #include "maps.h"
+#include "nexthop.h"
 #include "parse.h"
 #include "stats.h"
 
@@ -501,7 +502,7 @@ static __always_inline int snat_forward(const struct hook *h, const struct packe
 	r = snat_bind(p, sel, svc_id, &s);
 	if (r >= 0)
 		goto drop;
-	r = route_lookup(h, p->family, s->rk.snat_addr, sel->be->addr, p->l3_len, seg_len, &rt);
+	r = route_to_backend(h, p->family, s->rk.snat_addr, sel->backend_id, sel->be->addr, sel->hash, p->l3_len, seg_len, &rt);
 	if (r >= 0)
 		goto drop;
 	r = nat_rewrite(h, p, s->rk.snat_addr, s->rk.snat_port, sel->be->addr, sel->be->port);

@@ -115,7 +115,70 @@ struct ct_value {
 	__u32 svc_id;     /* service the flow was balanced in; host order */
 	__u64 last_seen;  /* bpf_ktime_get_coarse_ns() of the latest packet, refreshed at most once a second */
 	__u32 hash;       /* the flow hash's low 32 bits: outer-header entropy for encapsulation */
-	__u32 pad;
+	/* The svc_gen word of svc_id when the flow was last balanced or
+	 * checked against the service entry; 0 (entries of l4lb versions
+	 * before svc_gen) never matches. See svc_gen below. */
+	__u32 svc_word;
+};
+
+/*
+ * What a service id holds, as one word (map svc_gen, indexed by service
+ * id): generation << 8 | dispatch << 4 | mode. lb/datapath writes a new
+ * generation whenever it writes the service's entry, and on delete keeps
+ * the generation with mode 0, so that a word is never used twice for an id.
+ * A connection-table entry records the word it was balanced under; while
+ * the service's word still equals it, the entry's flow is forwarded without
+ * the service lookup (the established fast path), with the mode and
+ * dispatch the word carries. Any change to the service (mode, dispatch,
+ * source ranges, ...) thus sends each of its flows once through the full
+ * path, which checks them against the new entry.
+ */
+#define L4LB_WORD_MODE(w) ((w) & 0xf)
+#define L4LB_WORD_DISPATCH(w) (((w) >> 4) & 0xf)
+#define L4LB_WORD_GEN_SHIFT 8
+
+/* Multiplier of the frontend filter's hash (filter.h; lb/datapath). */
+#define L4LB_FILTER_MUL 0x9E3779B97F4A7C15ULL
+
+/*
+ * Next hops, resolved by the control plane from the kernel's routes,
+ * neighbours and links (lb/datapath/nexthop.go) and kept current from
+ * netlink events, so that forwarding to a backend reads two array entries
+ * instead of asking bpf_fib_lookup. The datapath asks bpf_fib_lookup only
+ * when a backend has no usable entry (counted as event fib_fallback).
+ */
+/* nexthop.flags: the neighbour's MAC is known, frames go out directly.
+ * Without it the packet takes bpf_fib_lookup, which hands it to the stack
+ * to resolve the neighbour. (lb/datapath: nhValid.) */
+#define L4LB_NH_VALID 0x1
+
+/* Value of the nexthops array, indexed by next-hop id (0 = none). */
+struct nexthop {
+	__u8 dmac[6];     /* the neighbour's MAC */
+	__u8 smac[6];     /* the egress interface's MAC */
+	__u32 ifindex;    /* egress interface; host order */
+	__u8 flags;       /* L4LB_NH_VALID */
+	__u8 family;      /* 4 or 6: of addr */
+	__u8 pad[2];      /* always 0 */
+	__u8 addr[16];    /* the neighbour (gateway or the backend itself), IPv4-mapped; for the control plane only */
+};
+
+/* Paths a backend's route may spread over (ECMP). */
+#define L4LB_NH_PATHS 8
+
+/* Value of the backend_routes array, indexed by backend id: the backend's route. */
+struct backend_route {
+	__u32 count;               /* next hops in ids; 0: not resolved, ask bpf_fib_lookup */
+	__u32 mtu;                 /* the route's MTU (its own, or the egress interface's) */
+	__u32 ids[L4LB_NH_PATHS];  /* next-hop ids; a flow takes ids[hash * count >> 32] */
+};
+
+/* Counters of what happened besides a packet's verdict (map events); the
+ * Go side names them in lb/datapath. */
+enum l4lb_event {
+	L4LB_E_FIB_FALLBACK = 0,    /* a backend had no usable cached next hop: bpf_fib_lookup asked */
+	L4LB_E_CT_INSERT_LIMITED,   /* a new flow was not recorded in the connection table: over datapath.flow_insert_rate; forwarded by Maglev alone */
+	L4LB_E_MAX,
 };
 
 /* Per-CPU counters of one service or one backend. */

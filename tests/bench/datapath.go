@@ -83,6 +83,7 @@ func newRig(t *testnet.Script) *rig {
 	d, err := datapath.Load(datapath.Config{
 		Seed: benchSeed, MaxServices: maxServices, MaxBackends: maxServices * 3, ConntrackMax: 1 << 20,
 		SNATAddresses: []netip.Addr{lbAddr4, lbAddr6},
+		Netns:         ns.Handle(),
 		Log:           slog.New(slog.DiscardHandler),
 	})
 	if err != nil {
