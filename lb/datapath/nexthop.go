@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
@@ -88,9 +89,10 @@ type hop struct {
 // addrRoute is the route of one backend address, shared by the ids that
 // have it (one address may back several services).
 type addrRoute struct {
-	ids  map[uint32]bool
-	hops []hopKey // the paths, sorted; empty: no route
-	mtu  uint32
+	ids      map[uint32]bool
+	resolved bool     // looked up at least once
+	hops     []hopKey // the paths, sorted; empty: no route
+	mtu      uint32
 }
 
 type linkInfo struct {
@@ -206,6 +208,10 @@ func (n *nextHops) removeLocked(id uint32) {
 func (n *nextHops) resolveLocked(addr netip.Addr, r *addrRoute) {
 	old := r.hops
 	r.hops, r.mtu = n.lookupRouteLocked(addr)
+	if len(r.hops) == 0 && (len(old) > 0 || !r.resolved) {
+		n.log.Warn("no usable route to backend; its traffic takes bpf_fib_lookup", "backend", addr)
+	}
+	r.resolved = true
 	for _, k := range r.hops {
 		n.acquireLocked(k)
 	}
@@ -221,7 +227,7 @@ func (n *nextHops) lookupRouteLocked(addr netip.Addr) ([]hopKey, uint32) {
 	dst := net.IP(addr.AsSlice())
 	routes, err := n.nl.RouteGetWithOptions(dst, &netlink.RouteGetOptions{FIBMatch: true})
 	if err != nil || len(routes) == 0 {
-		n.log.Warn("no route to backend; its traffic takes bpf_fib_lookup", "backend", addr, "error", err)
+		n.log.Debug("no route to backend", "backend", addr, "error", err)
 		return nil, 0
 	}
 	rt := routes[0]
@@ -517,49 +523,95 @@ func netipPrefix(n *net.IPNet) (netip.Prefix, bool) {
 	return p.Masked(), p.IsValid()
 }
 
-// watch follows the kernel's route, neighbour and link changes until close.
+// watch follows the kernel's route, neighbour and link changes until
+// close. A subscription the kernel ends (its socket overran under a burst
+// of changes, say) is opened again and everything resolved afresh, since
+// changes may have been missed meanwhile.
 func (n *nextHops) watch() {
-	done := make(chan struct{})
-	neighCh := make(chan netlink.NeighUpdate, 256)
-	linkCh := make(chan netlink.LinkUpdate, 64)
-	routeCh := make(chan netlink.RouteUpdate, 256)
-	onErr := func(err error) {
-		n.log.Warn("watching routes, neighbours or links failed; the next-hop cache may lag behind the kernel", "error", err)
-	}
-	ns := n.ns
-	var err error
-	if err = netlink.NeighSubscribeWithOptions(neighCh, done, netlink.NeighSubscribeOptions{Namespace: &ns, ErrorCallback: onErr}); err == nil {
-		if err = netlink.LinkSubscribeWithOptions(linkCh, done, netlink.LinkSubscribeOptions{Namespace: &ns, ErrorCallback: onErr}); err == nil {
-			err = netlink.RouteSubscribeWithOptions(routeCh, done, netlink.RouteSubscribeOptions{Namespace: &ns, ErrorCallback: onErr})
-		}
-	}
-	if err != nil {
-		close(done)
-		n.log.Warn("cannot watch routes, neighbours and links; the next-hop cache follows the kernel only when backends change", "error", err)
-		return
-	}
-	n.done = done
+	stop := make(chan struct{})
+	n.done = stop
 	go func() {
-		for {
-			select {
-			case u, ok := <-neighCh:
-				if !ok {
+		for first := true; ; first = false {
+			if !first {
+				select {
+				case <-stop:
 					return
+				case <-time.After(100 * time.Millisecond):
 				}
-				n.neighbourChanged(u)
-			case u, ok := <-linkCh:
-				if !ok {
-					return
-				}
-				n.linkChanged(u)
-			case u, ok := <-routeCh:
-				if !ok {
-					return
-				}
-				n.routeChanged(u)
+				n.resync()
+			}
+			if !n.follow(stop) {
+				return
 			}
 		}
 	}()
+}
+
+// follow subscribes and applies changes until stop (false) or until a
+// subscription ends (true).
+func (n *nextHops) follow(stop chan struct{}) bool {
+	done := make(chan struct{})
+	defer close(done)
+	neighCh := make(chan netlink.NeighUpdate, 1024)
+	linkCh := make(chan netlink.LinkUpdate, 256)
+	routeCh := make(chan netlink.RouteUpdate, 1024)
+	onErr := func(err error) {
+		select {
+		case <-stop:
+			// Closing the subscriptions makes their reads fail.
+		default:
+			n.log.Warn("watching routes, neighbours or links failed; resubscribing and resolving every backend again", "error", err)
+		}
+	}
+	ns := n.ns
+	const buf = 1 << 20
+	err := netlink.NeighSubscribeWithOptions(neighCh, done, netlink.NeighSubscribeOptions{Namespace: &ns, ErrorCallback: onErr, ReceiveBufferSize: buf})
+	if err == nil {
+		err = netlink.LinkSubscribeWithOptions(linkCh, done, netlink.LinkSubscribeOptions{Namespace: &ns, ErrorCallback: onErr, ReceiveBufferSize: buf})
+	}
+	if err == nil {
+		err = netlink.RouteSubscribeWithOptions(routeCh, done, netlink.RouteSubscribeOptions{Namespace: &ns, ErrorCallback: onErr, ReceiveBufferSize: buf})
+	}
+	if err != nil {
+		n.log.Warn("cannot watch routes, neighbours and links; retrying", "error", err)
+		return true
+	}
+	for {
+		select {
+		case <-stop:
+			return false
+		case u, ok := <-neighCh:
+			if !ok {
+				return true
+			}
+			n.neighbourChanged(u)
+		case u, ok := <-linkCh:
+			if !ok {
+				return true
+			}
+			n.linkChanged(u)
+		case u, ok := <-routeCh:
+			if !ok {
+				return true
+			}
+			n.routeChanged(u)
+		}
+	}
+}
+
+// resync reads every link and neighbour again and resolves every backend
+// address again.
+func (n *nextHops) resync() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.links = map[int]linkInfo{}
+	for k, h := range n.byKey {
+		if h.refs > 0 {
+			h.mac = n.neighbourMAC(k)
+			n.writeHopLocked(k, h)
+		}
+	}
+	n.rerouteLocked(netip.Prefix{})
 }
 
 // installManaged makes sure k has a managed neighbour entry and reports
