@@ -222,6 +222,8 @@ static __always_inline int icmp_to_snat_backend(const struct hook *h, const stru
 
 	s = bpf_map_lookup_elem(&snat_scratch, &zero);
 	fwd = bpf_map_lookup_elem(&snat_fwd, &p->key);
+	if (!fwd)
+		fwd = bpf_map_lookup_elem(&snat_fwd_ovf, &p->key);
 	if (!s || !fwd) {
 		*reason = L4LB_R_PASS_NOT_SERVICE;
 		return hook_pass(h);
@@ -249,6 +251,8 @@ static __always_inline int icmp_to_snat_client(const struct hook *h, const struc
 		goto pass;
 	snat_reply_key(&s->rk, p);
 	rv = bpf_map_lookup_elem(&snat_rev, &s->rk);
+	if (!rv)
+		rv = bpf_map_lookup_elem(&snat_rev_ovf, &s->rk);
 	if (!rv)
 		goto pass;
 	s->rv = *rv;

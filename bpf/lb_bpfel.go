@@ -85,9 +85,12 @@ const (
 type LbL4lbEvent uint32
 
 const (
-	LbL4lbEventL4LB_E_FIB_FALLBACK      LbL4lbEvent = 0
-	LbL4lbEventL4LB_E_CT_INSERT_LIMITED LbL4lbEvent = 1
-	LbL4lbEventL4LB_E_MAX               LbL4lbEvent = 2
+	LbL4lbEventL4LB_E_FIB_FALLBACK         LbL4lbEvent = 0
+	LbL4lbEventL4LB_E_CT_INSERT_LIMITED    LbL4lbEvent = 1
+	LbL4lbEventL4LB_E_SNAT_OVERFLOW        LbL4lbEvent = 2
+	LbL4lbEventL4LB_E_SNAT_PROMOTED        LbL4lbEvent = 3
+	LbL4lbEventL4LB_E_SNAT_PROMOTE_LIMITED LbL4lbEvent = 4
+	LbL4lbEventL4LB_E_MAX                  LbL4lbEvent = 5
 )
 
 type LbL4lbMode uint32
@@ -199,7 +202,7 @@ type LbSnatRevValue struct {
 	SvcId      uint32
 	LastSeen   uint64
 	State      LbL4lbSnatState
-	Pad        uint32
+	Flags      uint32
 }
 
 type LbSnatWork struct {
@@ -213,7 +216,8 @@ type LbSnatWork struct {
 	Start   uint32
 	Flags   uint8
 	Claimed uint8
-	Pad     [2]uint8
+	Table   uint8
+	Pad     uint8
 }
 
 type LbSrcRangeKey struct {
@@ -259,7 +263,9 @@ const (
 	LbMapReasons              = "reasons"
 	LbMapServices             = "services"
 	LbMapSnatFwd              = "snat_fwd"
+	LbMapSnatFwdOvf           = "snat_fwd_ovf"
 	LbMapSnatRev              = "snat_rev"
+	LbMapSnatRevOvf           = "snat_rev_ovf"
 	LbMapSnatScratch          = "snat_scratch"
 	LbMapSrcRanges            = "src_ranges"
 	LbMapSvcGen               = "svc_gen"
@@ -358,7 +364,9 @@ type LbMapSpecs struct {
 	Reasons       *ebpf.MapSpec `ebpf:"reasons"`
 	Services      *ebpf.MapSpec `ebpf:"services"`
 	SnatFwd       *ebpf.MapSpec `ebpf:"snat_fwd"`
+	SnatFwdOvf    *ebpf.MapSpec `ebpf:"snat_fwd_ovf"`
 	SnatRev       *ebpf.MapSpec `ebpf:"snat_rev"`
+	SnatRevOvf    *ebpf.MapSpec `ebpf:"snat_rev_ovf"`
 	SnatScratch   *ebpf.MapSpec `ebpf:"snat_scratch"`
 	SrcRanges     *ebpf.MapSpec `ebpf:"src_ranges"`
 	SvcGen        *ebpf.MapSpec `ebpf:"svc_gen"`
@@ -429,7 +437,9 @@ type LbMaps struct {
 	Reasons       *ebpf.Map `ebpf:"reasons"`
 	Services      *ebpf.Map `ebpf:"services"`
 	SnatFwd       *ebpf.Map `ebpf:"snat_fwd"`
+	SnatFwdOvf    *ebpf.Map `ebpf:"snat_fwd_ovf"`
 	SnatRev       *ebpf.Map `ebpf:"snat_rev"`
+	SnatRevOvf    *ebpf.Map `ebpf:"snat_rev_ovf"`
 	SnatScratch   *ebpf.Map `ebpf:"snat_scratch"`
 	SrcRanges     *ebpf.Map `ebpf:"src_ranges"`
 	SvcGen        *ebpf.Map `ebpf:"svc_gen"`
@@ -453,7 +463,9 @@ func (m *LbMaps) Close() error {
 		m.Reasons,
 		m.Services,
 		m.SnatFwd,
+		m.SnatFwdOvf,
 		m.SnatRev,
+		m.SnatRevOvf,
 		m.SnatScratch,
 		m.SrcRanges,
 		m.SvcGen,

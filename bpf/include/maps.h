@@ -98,15 +98,19 @@ struct {
 } maglev SEC(".maps");
 
 /*
- * Flow -> backend. An LRU with per-CPU eviction lists: a flow arrives on one
- * CPU (RSS), so CPUs do not contend on a shared list.
+ * Flow -> backend. An LRU shared by all CPUs, so that its capacity is what
+ * datapath.conntrack_max says whichever CPUs the flows arrive on (per-CPU
+ * lists would give each CPU a 1/ncpus share). The kernel keeps per-CPU
+ * free lists in front of the shared one; make bench measured no insert
+ * cost over per-CPU lists. Pinned as conntrack_v2 (lb/datapath/migrate.go
+ * moves the entries of the per-CPU map an earlier l4lbd pinned as
+ * conntrack).
  */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__type(key, struct flow_key);
 	__type(value, struct ct_value);
 	__uint(max_entries, 1048576);
-	__uint(map_flags, BPF_F_NO_COMMON_LRU);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } conntrack SEC(".maps");
 
@@ -116,16 +120,16 @@ struct {
  * service at once; an LRU instead forgets the binding idle the longest.
  * Evicting a live binding breaks that one flow: its next packet gets a new
  * port (or, when only one half was evicted, the binding is rebuilt from the
- * other half). Like conntrack, each CPU evicts from its own list; both
- * entries of a binding are inserted by the forward path, so on the same CPU.
- * Sized by datapath.snat_max.
+ * other half). New bindings above datapath.flow_insert_rate go to the
+ * overflow tables below instead, so that a flood cannot evict these. Shared
+ * by all CPUs, as conntrack; pinned as snat_fwd_v2 / snat_rev_v2. Sized by
+ * datapath.snat_max.
  */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__type(key, struct flow_key);
 	__type(value, struct snat_fwd_value);
 	__uint(max_entries, 1048576);
-	__uint(map_flags, BPF_F_NO_COMMON_LRU);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } snat_fwd SEC(".maps");
 
@@ -134,9 +138,29 @@ struct {
 	__type(key, struct snat_rev_key);
 	__type(value, struct snat_rev_value);
 	__uint(max_entries, 1048576);
-	__uint(map_flags, BPF_F_NO_COMMON_LRU);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } snat_rev SEC(".maps");
+
+/*
+ * The SNAT overflow tables: bindings made while the CPU was over
+ * datapath.flow_insert_rate (snat.h), in a set of their own so that a
+ * flood of new flows churns only them. Sized by lb/datapath.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct flow_key);
+	__type(value, struct snat_fwd_value);
+	__uint(max_entries, 65536);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} snat_fwd_ovf SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct snat_rev_key);
+	__type(value, struct snat_rev_value);
+	__uint(max_entries, 65536);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} snat_rev_ovf SEC(".maps");
 
 /*
  * Per-CPU scratch space of the SNAT paths (see struct snat_work).

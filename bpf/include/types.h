@@ -178,6 +178,9 @@ struct backend_route {
 enum l4lb_event {
 	L4LB_E_FIB_FALLBACK = 0,    /* a backend had no usable cached next hop: bpf_fib_lookup asked */
 	L4LB_E_CT_INSERT_LIMITED,   /* a new flow was not recorded in the connection table: over datapath.flow_insert_rate; forwarded by Maglev alone */
+	L4LB_E_SNAT_OVERFLOW,       /* a new SNAT binding went to the overflow tables: over datapath.flow_insert_rate */
+	L4LB_E_SNAT_PROMOTED,       /* an overflow SNAT binding that proved itself moved into the main tables */
+	L4LB_E_SNAT_PROMOTE_LIMITED, /* an overflow SNAT binding ready to move stayed: over datapath.flow_insert_rate */
 	L4LB_E_MAX,
 };
 
@@ -207,7 +210,7 @@ enum l4lb_reason {
 	L4LB_R_DROP_FRAG_NEEDED,     /* encapsulated packet exceeds the egress MTU */
 	L4LB_R_DROP_ENCAP,           /* headroom could not be grown */
 	L4LB_R_PASS_NO_TX_PORT,      /* egress interface is not in tx_ports: passed, the kernel forwards */
-	L4LB_R_DROP_SNAT_EXHAUSTED,  /* SNAT: no free (address, port) among the probed candidates */
+	L4LB_R_DROP_SNAT_EXHAUSTED,  /* SNAT: no free port for the backend: the whole range probed, or 256 ports of a larger one (snat.h) */
 	L4LB_R_PASS_TTL_EXCEEDED,    /* SNAT: TTL / hop limit would reach 0: passed, the stack answers time-exceeded */
 	L4LB_R_DROP_TTL_EXCEEDED,    /* SNAT reply whose TTL / hop limit would reach 0: dropped */
 	L4LB_R_DROP_SNAT_REWRITE,    /* SNAT: the packet could not be rewritten (a kernel helper refused) */
@@ -312,8 +315,13 @@ struct snat_rev_value {
 	__u32 svc_id;          /* host order */
 	__u64 last_seen;       /* bpf_ktime_get_coarse_ns() of the latest packet either way (throttled) */
 	enum l4lb_snat_state state;
-	__u32 pad;             /* always 0 */
+	/* L4LB_SNAT_ANSWERED; only entries of the overflow tables carry
+	 * flags (those of snat_rev are 0). */
+	__u32 flags;
 };
+
+/* snat_rev_value.flags of an overflow binding: the backend has answered. */
+#define L4LB_SNAT_ANSWERED 0x1
 
 /*
  * Scratch space of the SNAT paths, one per CPU (map snat_scratch): these
@@ -330,7 +338,8 @@ struct snat_work {
 	__u32 start;              /* probe: first candidate, an offset into the range */
 	__u8 flags;               /* the client packet's TCP flags */
 	__u8 claimed;             /* probe: a port was claimed */
-	__u8 pad[2];
+	__u8 table;               /* probe: the binding's table set, 0 main, 1 overflow */
+	__u8 pad;
 };
 
 /* What the backend companion did with a packet; index of its counters. */

@@ -157,6 +157,7 @@ func datapathConfig(cfg *config.Config, log *slog.Logger) datapath.Config {
 		SNATPortMax:    cfg.Datapath.SNATPortMax,
 		SNATMax:        cfg.Datapath.SNATMax,
 		ICMPRateLimit:  cfg.Datapath.ICMPRateLimit,
+		FlowInsertRate: cfg.Datapath.FlowInsertRate,
 		SNATTimeouts: datapath.SNATTimeouts{
 			TCP:        cfg.Datapath.SNATTimeouts.TCP,
 			TCPClosing: cfg.Datapath.SNATTimeouts.TCPClosing,
@@ -218,6 +219,11 @@ func (d *Daemon) Run(ctx context.Context) error {
 
 	if err := d.attach(cfg); err != nil {
 		return err
+	}
+	// Every interface runs this version's programs now: maps an earlier
+	// version pinned under old layouts can go.
+	if err := d.dp.Retire(); err != nil {
+		d.log.Error("could not finish moving pinned maps to their new layout; the old ones stay pinned", "error", err)
 	}
 
 	ctx, cancel := context.WithCancel(ctx)
@@ -456,6 +462,9 @@ func restartOnly(old, cur *config.Config) []string {
 	}
 	if old.Datapath.ICMPRateLimit != cur.Datapath.ICMPRateLimit {
 		out = append(out, "datapath.icmp_rate_limit")
+	}
+	if old.Datapath.FlowInsertRate != cur.Datapath.FlowInsertRate {
+		out = append(out, "datapath.flow_insert_rate")
 	}
 	if old.Daemon.AdminSocket != cur.Daemon.AdminSocket || old.Daemon.BPFFS != cur.Daemon.BPFFS ||
 		!slices.Equal(old.Daemon.MetricsListen, cur.Daemon.MetricsListen) {

@@ -144,6 +144,17 @@ type LB struct {
 	links map[string]link.Link
 	// nh is the next-hop cache (nexthop.go).
 	nh *nextHops
+	// legacy are maps an earlier l4lbd pinned under old names, until
+	// Retire (migrate.go).
+	legacy []legacyMap
+}
+
+// closeLegacy releases the old-named maps without unpinning them.
+func (d *LB) closeLegacy() {
+	for _, l := range d.legacy {
+		l.m.Close()
+	}
+	d.legacy = nil
 }
 
 const linkDir = "links"
@@ -180,13 +191,15 @@ func Load(cfg Config) (*LB, error) {
 	if err := configure(spec, cfg); err != nil {
 		return nil, err
 	}
-	// LRU maps with per-CPU lists are rounded up by the kernel to a
-	// multiple of the CPU count; ask for that size, or a restarted daemon
-	// would find its own pinned maps "incompatible".
-	for name, n := range map[string]uint32{bpf.LbMapSnatFwd: cfg.SNATMax, bpf.LbMapSnatRev: cfg.SNATMax, bpf.LbMapConntrack: cfg.ConntrackMax,
-		bpf.LbMapAffinity: cfg.AffinityMax} {
-		spec.Maps[name].MaxEntries = perCPURound(n, cpus)
+	for name, n := range map[string]uint32{bpf.LbMapSnatFwd: cfg.SNATMax, bpf.LbMapSnatRev: cfg.SNATMax,
+		bpf.LbMapSnatFwdOvf: snatOverflowMax(cfg.SNATMax), bpf.LbMapSnatRevOvf: snatOverflowMax(cfg.SNATMax)} {
+		spec.Maps[name].MaxEntries = n
 	}
+	// An LRU with per-CPU lists (affinity) is rounded up by the kernel to
+	// a multiple of the CPU count; ask for that size, or a restarted
+	// daemon would find its own pinned map "incompatible".
+	spec.Maps[bpf.LbMapAffinity].MaxEntries = perCPURound(cfg.AffinityMax, cpus)
+	pinRenamed(spec)
 	names, err := enumNames(spec.Types, "l4lb_reason", "L4LB_R_")
 	if err != nil {
 		return nil, err
@@ -232,6 +245,11 @@ func Load(cfg Config) (*LB, error) {
 		return nil, err
 	}
 	if err := d.adoptServices(); err != nil {
+		coll.Close()
+		return nil, err
+	}
+	if err := d.migrate(); err != nil {
+		d.closeLegacy()
 		coll.Close()
 		return nil, err
 	}
@@ -415,6 +433,7 @@ func (d *LB) Close() error {
 	}
 	d.links = map[string]link.Link{}
 	d.nh.close()
+	d.closeLegacy()
 	d.coll.Close()
 	return errors.Join(errs...)
 }

@@ -36,6 +36,8 @@ var (
 		bpf.LbMapTxPorts:       {size(uint32(0)), size(uint32(0))},
 		bpf.LbMapSnatFwd:       {size(bpf.LbFlowKey{}), size(bpf.LbSnatFwdValue{})},
 		bpf.LbMapSnatRev:       {size(bpf.LbSnatRevKey{}), size(bpf.LbSnatRevValue{})},
+		bpf.LbMapSnatFwdOvf:    {size(bpf.LbFlowKey{}), size(bpf.LbSnatFwdValue{})},
+		bpf.LbMapSnatRevOvf:    {size(bpf.LbSnatRevKey{}), size(bpf.LbSnatRevValue{})},
 		bpf.LbMapSnatScratch:   {size(uint32(0)), size(bpf.LbSnatWork{})},
 		bpf.LbMapAffinity:      {size(bpf.LbAffinityKey{}), size(bpf.LbAffinityValue{})},
 		bpf.LbMapSrcRanges:     {size(bpf.LbSrcRangeKey{}), size(uint8(0))},

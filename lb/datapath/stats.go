@@ -91,8 +91,8 @@ func (d *LB) ConntrackEntriesWithin(maxAge time.Duration) (int, error) {
 	})
 }
 
-// ConntrackCapacity is the connection table's size (conntrack_max, rounded
-// up to a multiple of the CPU count as the kernel does).
+// ConntrackCapacity is the connection table's size (conntrack_max), shared
+// by all CPUs.
 func (d *LB) ConntrackCapacity() uint32 { return d.conntrack.MaxEntries() }
 
 const countBatch = 4096
