@@ -30,6 +30,7 @@
 #include "include/snat.h"
 #include "include/srcrange.h"
 #include "include/stats.h"
+#include "include/validate.h"
 
 char __license[] SEC("license") = "Dual BSD/GPL";
 
@@ -117,6 +118,9 @@ static __always_inline int dsr_opt(const struct hook *h, const struct packet *p,
 	r = opt_room(h, p, len);
 	if (r >= 0)
 		goto drop;
+	r = trim_to_l3(h, p);
+	if (r >= 0)
+		goto drop;
 	r = route_to_backend(h, p->family, p->key.src, sel->backend_id, sel->be->addr, sel->hash, p->l3_len + len,
 			  segment_len(h, p, len), &rt);
 	if (r == L4LB_R_DROP_FRAG_NEEDED)
@@ -171,6 +175,9 @@ static __always_inline int icmp_to_dsr_backend(const struct hook *h, const struc
 	r = route_to_backend(h, p->family, p->key.dst, sel.backend_id, sel.be->addr, sel.hash, p->l3_len, p->l3_len, &rt);
 	if (r >= 0)
 		goto drop;
+	r = trim_to_l3(h, p);
+	if (r >= 0)
+		goto drop;
 	r = icmp_rewrite(h, p, q, NULL, sel.be->addr, sel.be->addr, sel.be->port, NULL, q->key.dport, 0);
 	if (r >= 0)
 		goto drop;
@@ -196,6 +203,9 @@ static __always_inline int icmp_snat_send(const struct hook *h, const struct pac
 		goto drop;
 	}
 	r = route_lookup(h, p->family, src, dst, p->l3_len, p->l3_len, &rt);
+	if (r >= 0)
+		goto drop;
+	r = trim_to_l3(h, p);
 	if (r >= 0)
 		goto drop;
 	r = icmp_rewrite(h, p, q, src, dst, dst, dport, src, sport, 1);
@@ -283,6 +293,17 @@ static __always_inline int icmp_error(const struct hook *h, struct packet *p)
 	r = icmp_parse(h, p, &q);
 	if (r >= 0)
 		goto pass;
+	/* Only well-formed errors go on: lb_process checked the outer
+	 * headers (validate.h); the ICMP checksum covers the message. */
+	if (!h->xdp) {
+		struct __sk_buff *skb = hook_skb(h);
+
+		bpf_skb_pull_data(skb, skb->len);
+	}
+	if (!icmp_csum_ok(h, p)) {
+		r = L4LB_R_PASS_ICMP_CSUM;
+		goto pass;
+	}
 	if (p->vlan) {
 		r = L4LB_R_PASS_VLAN;
 		goto pass;
@@ -341,11 +362,34 @@ struct icmp_todo {
 	__u32 pad;
 };
 
+__noinline int l4lb_validate_xdp(struct xdp_md *ctx, const struct packet *p, __u32 slow);
+__noinline int l4lb_validate_tc(struct __sk_buff *ctx, const struct packet *p, __u32 slow);
+
+/* May p be forwarded (validate.h)? -1, or the reason it may not. */
+static __always_inline int validate(const struct hook *h, const struct packet *p)
+{
+	int slow, r = validate_fast(h, p, &slow);
+
+	if (r >= 0 || !slow)
+		return r;
+	if (h->xdp)
+		return l4lb_validate_xdp(h->ctx, p, slow);
+	return l4lb_validate_tc(h->ctx, p, slow);
+}
+
 /* A TCP/UDP packet to no frontend: maybe a backend's reply to a SNAT flow. */
 static __always_inline int not_frontend(const struct hook *h, const struct packet *p)
 {
-	if (snat_is_ours(p))
+	int r;
+
+	if (snat_is_ours(p)) {
+		r = validate(h, p);
+		if (r >= 0) {
+			count_reason(r, p->l3_len);
+			return hook_pass(h);
+		}
 		return snat_reply(h, p, segment_len(h, p, 0));
+	}
 	count_reason(L4LB_R_PASS_NOT_SERVICE, p->l3_len);
 	return hook_pass(h);
 }
@@ -371,6 +415,13 @@ static __always_inline int lb_process(const struct hook *h, struct icmp_todo *to
 	if (r >= 0) {
 		if (unlikely(r == L4LB_R_PASS_NOT_SERVICE &&
 			     (p->key.proto == IPPROTO_ICMP || p->key.proto == IPPROTO_ICMPV6))) {
+			/* An error is only passed on with well-formed outer
+			 * headers; icmp_error checks the rest. */
+			r = validate(h, p);
+			if (r >= 0) {
+				count_reason(r, p->l3_len);
+				return hook_pass(h);
+			}
 			todo->kind = ICMP_TODO_ERROR;
 			return hook_pass(h);
 		}
@@ -379,6 +430,11 @@ static __always_inline int lb_process(const struct hook *h, struct icmp_todo *to
 	}
 	if (!vip_maybe(&p->key))
 		return not_frontend(h, p);
+	r = validate(h, p);
+	if (r >= 0) {
+		count_reason(r, p->l3_len);
+		return hook_pass(h);
+	}
 
 	/*
 	 * The established fast path: a flow the connection table knows,
@@ -515,6 +571,25 @@ __noinline int l4lb_icmp_too_big_tc(struct __sk_buff *ctx, const struct packet *
 		verdict = icmp_too_big(&h, p, 6, mtu, overhead, &reason);
 	count_reason(reason, p->l3_len);
 	return verdict;
+}
+
+/* The walks of validate.h, one global function per hook (see above). */
+__noinline int l4lb_validate_xdp(struct xdp_md *ctx, const struct packet *p, __u32 slow)
+{
+	struct hook h = {.ctx = ctx, .xdp = 1};
+
+	if (!p)
+		return L4LB_R_PASS_MALFORMED_L3;
+	return validate_slow(&h, p, slow);
+}
+
+__noinline int l4lb_validate_tc(struct __sk_buff *ctx, const struct packet *p, __u32 slow)
+{
+	struct hook h = {.ctx = ctx, .xdp = 0};
+
+	if (!p)
+		return L4LB_R_PASS_MALFORMED_L3;
+	return validate_slow(&h, p, slow);
 }
 
 __noinline int l4lb_icmp_error_xdp(struct xdp_md *ctx, struct packet *p)

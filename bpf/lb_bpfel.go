@@ -128,7 +128,12 @@ const (
 	LbL4lbReasonL4LB_R_ICMP_ERROR_FORWARDED   LbL4lbReason = 22
 	LbL4lbReasonL4LB_R_PASS_ICMP_QUOTE        LbL4lbReason = 23
 	LbL4lbReasonL4LB_R_EVENT_CT_INSERT_FAILED LbL4lbReason = 24
-	LbL4lbReasonL4LB_R_MAX                    LbL4lbReason = 25
+	LbL4lbReasonL4LB_R_PASS_IP_CSUM           LbL4lbReason = 25
+	LbL4lbReasonL4LB_R_PASS_IP_OPTIONS        LbL4lbReason = 26
+	LbL4lbReasonL4LB_R_PASS_IPV6EXT           LbL4lbReason = 27
+	LbL4lbReasonL4LB_R_PASS_UDP_LENGTH        LbL4lbReason = 28
+	LbL4lbReasonL4LB_R_PASS_ICMP_CSUM         LbL4lbReason = 29
+	LbL4lbReasonL4LB_R_MAX                    LbL4lbReason = 30
 )
 
 type LbL4lbSnatState uint32
@@ -246,6 +251,18 @@ type LbSvcValue struct {
 	AffinityNs uint64
 }
 
+type LbWalk struct {
+	_   structs.HostLayout
+	Buf struct {
+		_ structs.HostLayout
+		B [64]uint8
+	}
+	Len  uint32
+	I    uint32
+	Seen uint32
+	R    int32
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -271,6 +288,7 @@ const (
 	LbMapSvcGen               = "svc_gen"
 	LbMapSvcStats             = "svc_stats"
 	LbMapTxPorts              = "tx_ports"
+	LbMapValidateScratch      = "validate_scratch"
 	LbMapVipFilter            = "vip_filter"
 	LbProgL4lbHc              = "l4lb_hc"
 	LbProgL4lbTc              = "l4lb_tc"
@@ -351,28 +369,29 @@ type LbProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type LbMapSpecs struct {
-	Affinity      *ebpf.MapSpec `ebpf:"affinity"`
-	BackendRoutes *ebpf.MapSpec `ebpf:"backend_routes"`
-	BackendStats  *ebpf.MapSpec `ebpf:"backend_stats"`
-	Backends      *ebpf.MapSpec `ebpf:"backends"`
-	Conntrack     *ebpf.MapSpec `ebpf:"conntrack"`
-	Events        *ebpf.MapSpec `ebpf:"events"`
-	IcmpBuckets   *ebpf.MapSpec `ebpf:"icmp_buckets"`
-	InsertBuckets *ebpf.MapSpec `ebpf:"insert_buckets"`
-	Maglev        *ebpf.MapSpec `ebpf:"maglev"`
-	Nexthops      *ebpf.MapSpec `ebpf:"nexthops"`
-	Reasons       *ebpf.MapSpec `ebpf:"reasons"`
-	Services      *ebpf.MapSpec `ebpf:"services"`
-	SnatFwd       *ebpf.MapSpec `ebpf:"snat_fwd"`
-	SnatFwdOvf    *ebpf.MapSpec `ebpf:"snat_fwd_ovf"`
-	SnatRev       *ebpf.MapSpec `ebpf:"snat_rev"`
-	SnatRevOvf    *ebpf.MapSpec `ebpf:"snat_rev_ovf"`
-	SnatScratch   *ebpf.MapSpec `ebpf:"snat_scratch"`
-	SrcRanges     *ebpf.MapSpec `ebpf:"src_ranges"`
-	SvcGen        *ebpf.MapSpec `ebpf:"svc_gen"`
-	SvcStats      *ebpf.MapSpec `ebpf:"svc_stats"`
-	TxPorts       *ebpf.MapSpec `ebpf:"tx_ports"`
-	VipFilter     *ebpf.MapSpec `ebpf:"vip_filter"`
+	Affinity        *ebpf.MapSpec `ebpf:"affinity"`
+	BackendRoutes   *ebpf.MapSpec `ebpf:"backend_routes"`
+	BackendStats    *ebpf.MapSpec `ebpf:"backend_stats"`
+	Backends        *ebpf.MapSpec `ebpf:"backends"`
+	Conntrack       *ebpf.MapSpec `ebpf:"conntrack"`
+	Events          *ebpf.MapSpec `ebpf:"events"`
+	IcmpBuckets     *ebpf.MapSpec `ebpf:"icmp_buckets"`
+	InsertBuckets   *ebpf.MapSpec `ebpf:"insert_buckets"`
+	Maglev          *ebpf.MapSpec `ebpf:"maglev"`
+	Nexthops        *ebpf.MapSpec `ebpf:"nexthops"`
+	Reasons         *ebpf.MapSpec `ebpf:"reasons"`
+	Services        *ebpf.MapSpec `ebpf:"services"`
+	SnatFwd         *ebpf.MapSpec `ebpf:"snat_fwd"`
+	SnatFwdOvf      *ebpf.MapSpec `ebpf:"snat_fwd_ovf"`
+	SnatRev         *ebpf.MapSpec `ebpf:"snat_rev"`
+	SnatRevOvf      *ebpf.MapSpec `ebpf:"snat_rev_ovf"`
+	SnatScratch     *ebpf.MapSpec `ebpf:"snat_scratch"`
+	SrcRanges       *ebpf.MapSpec `ebpf:"src_ranges"`
+	SvcGen          *ebpf.MapSpec `ebpf:"svc_gen"`
+	SvcStats        *ebpf.MapSpec `ebpf:"svc_stats"`
+	TxPorts         *ebpf.MapSpec `ebpf:"tx_ports"`
+	ValidateScratch *ebpf.MapSpec `ebpf:"validate_scratch"`
+	VipFilter       *ebpf.MapSpec `ebpf:"vip_filter"`
 }
 
 // LbVariableSpecs contains global variables before they are loaded into the kernel.
@@ -424,28 +443,29 @@ func (o *LbObjects) Close() error {
 //
 // It can be passed to LoadLbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type LbMaps struct {
-	Affinity      *ebpf.Map `ebpf:"affinity"`
-	BackendRoutes *ebpf.Map `ebpf:"backend_routes"`
-	BackendStats  *ebpf.Map `ebpf:"backend_stats"`
-	Backends      *ebpf.Map `ebpf:"backends"`
-	Conntrack     *ebpf.Map `ebpf:"conntrack"`
-	Events        *ebpf.Map `ebpf:"events"`
-	IcmpBuckets   *ebpf.Map `ebpf:"icmp_buckets"`
-	InsertBuckets *ebpf.Map `ebpf:"insert_buckets"`
-	Maglev        *ebpf.Map `ebpf:"maglev"`
-	Nexthops      *ebpf.Map `ebpf:"nexthops"`
-	Reasons       *ebpf.Map `ebpf:"reasons"`
-	Services      *ebpf.Map `ebpf:"services"`
-	SnatFwd       *ebpf.Map `ebpf:"snat_fwd"`
-	SnatFwdOvf    *ebpf.Map `ebpf:"snat_fwd_ovf"`
-	SnatRev       *ebpf.Map `ebpf:"snat_rev"`
-	SnatRevOvf    *ebpf.Map `ebpf:"snat_rev_ovf"`
-	SnatScratch   *ebpf.Map `ebpf:"snat_scratch"`
-	SrcRanges     *ebpf.Map `ebpf:"src_ranges"`
-	SvcGen        *ebpf.Map `ebpf:"svc_gen"`
-	SvcStats      *ebpf.Map `ebpf:"svc_stats"`
-	TxPorts       *ebpf.Map `ebpf:"tx_ports"`
-	VipFilter     *ebpf.Map `ebpf:"vip_filter"`
+	Affinity        *ebpf.Map `ebpf:"affinity"`
+	BackendRoutes   *ebpf.Map `ebpf:"backend_routes"`
+	BackendStats    *ebpf.Map `ebpf:"backend_stats"`
+	Backends        *ebpf.Map `ebpf:"backends"`
+	Conntrack       *ebpf.Map `ebpf:"conntrack"`
+	Events          *ebpf.Map `ebpf:"events"`
+	IcmpBuckets     *ebpf.Map `ebpf:"icmp_buckets"`
+	InsertBuckets   *ebpf.Map `ebpf:"insert_buckets"`
+	Maglev          *ebpf.Map `ebpf:"maglev"`
+	Nexthops        *ebpf.Map `ebpf:"nexthops"`
+	Reasons         *ebpf.Map `ebpf:"reasons"`
+	Services        *ebpf.Map `ebpf:"services"`
+	SnatFwd         *ebpf.Map `ebpf:"snat_fwd"`
+	SnatFwdOvf      *ebpf.Map `ebpf:"snat_fwd_ovf"`
+	SnatRev         *ebpf.Map `ebpf:"snat_rev"`
+	SnatRevOvf      *ebpf.Map `ebpf:"snat_rev_ovf"`
+	SnatScratch     *ebpf.Map `ebpf:"snat_scratch"`
+	SrcRanges       *ebpf.Map `ebpf:"src_ranges"`
+	SvcGen          *ebpf.Map `ebpf:"svc_gen"`
+	SvcStats        *ebpf.Map `ebpf:"svc_stats"`
+	TxPorts         *ebpf.Map `ebpf:"tx_ports"`
+	ValidateScratch *ebpf.Map `ebpf:"validate_scratch"`
+	VipFilter       *ebpf.Map `ebpf:"vip_filter"`
 }
 
 func (m *LbMaps) Close() error {
@@ -471,6 +491,7 @@ func (m *LbMaps) Close() error {
 		m.SvcGen,
 		m.SvcStats,
 		m.TxPorts,
+		m.ValidateScratch,
 		m.VipFilter,
 	)
 }

@@ -25,6 +25,7 @@
 
 #include "config.h"
 #include "csum.h"
+#include "forward.h"
 #include "hook.h"
 #include "parse.h"
 
@@ -45,14 +46,6 @@ static __always_inline void encap_source(__u8 family, __u32 hash, __u8 out[16])
 		w[2] = base[2];
 		w[3] = base[3] | bpf_htonl(host);
 	}
-}
-
-/* Drop Ethernet padding after the IP packet so it is not carried inside the tunnel. */
-static __always_inline int trim_to_l3(const struct hook *h, const struct packet *p)
-{
-	if (hook_trim(h, (__u32)p->l3_off + p->l3_len))
-		return L4LB_R_DROP_ENCAP;
-	return -1;
 }
 
 /* UDP and Geneve headers between the outer IP header and the client's packet. */

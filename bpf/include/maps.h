@@ -247,7 +247,8 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } backend_stats SEC(".maps");
 
-/* Per-CPU counters by enum l4lb_reason. */
+/* Per-CPU counters by enum l4lb_reason. A new reason changes its size, so
+ * the map is pinned under a new name then (lb/datapath/migrate.go). */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__type(key, enum l4lb_reason);

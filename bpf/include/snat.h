@@ -639,6 +639,10 @@ static __always_inline int snat_send(const struct hook *h, const struct packet *
 	r = route_to_backend(h, p->family, src, sel->backend_id, sel->be->addr, sel->hash, p->l3_len, seg_len, &rt);
 	if (r >= 0)
 		goto drop;
+	if (trim_to_l3(h, p) >= 0) {
+		r = L4LB_R_DROP_SNAT_REWRITE;
+		goto drop;
+	}
 	r = nat_rewrite(h, p, src, sport, sel->be->addr, sel->be->port);
 	if (r >= 0)
 		goto drop;
@@ -740,6 +744,10 @@ static __always_inline int snat_reply(const struct hook *h, const struct packet 
 	r = route_lookup(h, p->family, s->rv.vip, s->rv.client_addr, p->l3_len, seg_len, &rt);
 	if (r >= 0)
 		goto drop;
+	if (trim_to_l3(h, p) >= 0) {
+		r = L4LB_R_DROP_SNAT_REWRITE;
+		goto drop;
+	}
 	r = nat_rewrite(h, p, s->rv.vip, s->rv.vip_port, s->rv.client_addr, s->rv.client_port);
 	if (r >= 0)
 		goto drop;

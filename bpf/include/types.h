@@ -222,8 +222,14 @@ enum l4lb_reason {
 	L4LB_R_ICMP_ERROR_FORWARDED, /* ICMP error about a frontend's flow or a SNAT binding: sent where that flow goes */
 	L4LB_R_PASS_ICMP_QUOTE,      /* ICMP error whose quoted packet is cut short or not a TCP/UDP first fragment: passed */
 	L4LB_R_EVENT_CT_INSERT_FAILED, /* not a verdict: a flow could not be recorded in the connection table (still forwarded) */
+	L4LB_R_PASS_IP_CSUM,         /* IPv4 header checksum wrong: passed, for the stack to drop */
+	L4LB_R_PASS_IP_OPTIONS,      /* IPv4 options the kernel refuses (syntax, pointers, a repeat) or the LB does not forward (source route, CIPSO): passed */
+	L4LB_R_PASS_IPV6_EXT,        /* IPv6 extension headers the kernel refuses (hop-by-hop not first, an option past its header or one to discard, a routing header with segments left) or too long to check: passed */
+	L4LB_R_PASS_UDP_LENGTH,      /* UDP length shorter than the IP payload: passed */
+	L4LB_R_PASS_ICMP_CSUM,       /* ICMP error with a wrong checksum (or too long to check): passed */
 	L4LB_R_MAX,
 };
+
 
 /*
  * Client-IP affinity (map affinity): the backend a client of a service got

@@ -28,6 +28,10 @@ type layoutVersion struct {
 	// convert turns an old value into the new layout (nil: the same
 	// bytes); for a layout that only gained fields or changed map flags.
 	convert func(old []byte) []byte
+	// counters marks a per-CPU array of counters: its values are copied
+	// once, at load (what the old program counts until Retire is lost:
+	// milliseconds of counting), key by key.
+	counters bool
 }
 
 // renamed lists the maps of the LB object pinned under a new name, by the
@@ -39,6 +43,9 @@ var renamed = map[string]layoutVersion{
 	bpf.LbMapConntrack: {pin: "conntrack_v2", old: "conntrack"},
 	bpf.LbMapSnatFwd:   {pin: "snat_fwd_v2", old: "snat_fwd"},
 	bpf.LbMapSnatRev:   {pin: "snat_rev_v2", old: "snat_rev"},
+	// The enum of reasons grew (the validation of what is forwarded),
+	// and the map is sized by it.
+	bpf.LbMapReasons: {pin: "reasons_v2", old: "reasons", counters: true},
 }
 
 // pinRenamed sets the pin names of renamed maps on spec.
@@ -86,6 +93,9 @@ func (d *LB) migrate() error {
 // moveEntries copies l's entries into its successor, never replacing one.
 func (d *LB) moveEntries(l legacyMap) (int, error) {
 	dst := d.coll.Maps[l.name]
+	if l.lv.counters {
+		return copyCounters(l.m, dst)
+	}
 	key := make([]byte, l.m.KeySize())
 	val := make([]byte, l.m.ValueSize())
 	n := 0
@@ -106,6 +116,22 @@ func (d *LB) moveEntries(l legacyMap) (int, error) {
 	return n, nil
 }
 
+// copyCounters copies the per-CPU reason counters of src into dst, key by
+// key, for the keys both have.
+func copyCounters(src, dst *ebpf.Map) (int, error) {
+	n := min(src.MaxEntries(), dst.MaxEntries())
+	for k := range n {
+		var per []bpf.LbReasonStats
+		if err := src.Lookup(&k, &per); err != nil {
+			return int(k), fmt.Errorf("datapath: read counter %d of the old map: %w", k, err)
+		}
+		if err := dst.Put(&k, per); err != nil {
+			return int(k), fmt.Errorf("datapath: copy counter %d: %w", k, err)
+		}
+	}
+	return int(n), nil
+}
+
 // Retire finishes moving maps to new layouts once every interface runs
 // this datapath's programs (the daemon calls it after attaching): what the
 // previous programs added meanwhile is moved too, then the old maps are
@@ -113,10 +139,13 @@ func (d *LB) moveEntries(l legacyMap) (int, error) {
 func (d *LB) Retire() error {
 	var errs []error
 	for _, l := range d.legacy {
-		n, err := d.moveEntries(l)
-		if err != nil {
-			errs = append(errs, err)
-			continue
+		var n int
+		if !l.lv.counters {
+			var err error
+			if n, err = d.moveEntries(l); err != nil {
+				errs = append(errs, err)
+				continue
+			}
 		}
 		if err := l.m.Unpin(); err != nil {
 			errs = append(errs, fmt.Errorf("datapath: unpin %s: %w", l.path, err))

@@ -454,16 +454,48 @@ func (n *nextHops) neighbourChanged(u netlink.NeighUpdate) {
 	if u.Type == unix.RTM_DELNEIGH {
 		h.mac = nil
 		n.writeHopLocked(k, h)
-		if h.owned && n.linkLocked(k.link).up {
-			if err := n.nl.NeighSet(managedNeigh(k)); err != nil {
-				n.log.Warn("could not reinstall the managed neighbour of a backend's next hop; its traffic takes the slow path",
-					"next_hop", k.ip, "error", err)
-			}
+		if h.owned {
+			// After a pause: `ip neigh flush` deletes until none is
+			// left, and gives up if entries keep coming back.
+			time.AfterFunc(reinstallDelay, func() { n.reinstall(k) })
 		}
 		return
 	}
 	h.mac = usableMAC(u.Neigh)
 	n.writeHopLocked(k, h)
+}
+
+// reinstallDelay is how long a managed neighbour entry the kernel deleted
+// stays deleted before it is put back.
+const reinstallDelay = 200 * time.Millisecond
+
+// reinstall puts back the managed entry of next hop k when it is still
+// ours, still missing and its link up.
+func (n *nextHops) reinstall(k hopKey) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	h, ok := n.byKey[k]
+	if !ok || h.refs == 0 || !h.owned || n.done == nil || !n.linkLocked(k.link).up || n.neighbourPresent(k) {
+		return
+	}
+	if err := n.nl.NeighSet(managedNeigh(k)); err != nil {
+		n.log.Warn("could not reinstall the managed neighbour of a backend's next hop; its traffic takes the slow path",
+			"next_hop", k.ip, "error", err)
+	}
+}
+
+// neighbourPresent reports whether the kernel has an entry for k.
+func (n *nextHops) neighbourPresent(k hopKey) bool {
+	list, err := n.nl.NeighList(k.link, family(k.ip))
+	if err != nil {
+		return false
+	}
+	for _, e := range list {
+		if ip, ok := netip.AddrFromSlice(e.IP); ok && ip.Unmap() == k.ip {
+			return true
+		}
+	}
+	return false
 }
 
 // linkChanged refreshes what depends on a link: its MAC and up state in

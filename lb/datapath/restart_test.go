@@ -199,9 +199,14 @@ func TestMigrateOldLayouts(t *testing.T) {
 		"snat_fwd":  {Type: ebpf.LRUHash, KeySize: uint32(binary.Size(bpf.LbFlowKey{})), ValueSize: uint32(binary.Size(bpf.LbSnatFwdValue{}))},
 		"snat_rev":  {Type: ebpf.LRUHash, KeySize: uint32(binary.Size(bpf.LbSnatRevKey{})), ValueSize: uint32(binary.Size(bpf.LbSnatRevValue{}))},
 	}
+	// The reasons of that version: one value per CPU for 25 reasons.
+	old["reasons"] = &ebpf.MapSpec{Type: ebpf.PerCPUArray, KeySize: 4, ValueSize: uint32(binary.Size(bpf.LbReasonStats{})), MaxEntries: 25}
 	oldMaps := map[string]*ebpf.Map{}
 	for name, spec := range old {
-		spec.Name, spec.MaxEntries, spec.Flags = name, uint32(1024*cpus), unix.BPF_F_NO_COMMON_LRU
+		spec.Name = name
+		if spec.Type == ebpf.LRUHash {
+			spec.MaxEntries, spec.Flags = uint32(1024*cpus), unix.BPF_F_NO_COMMON_LRU
+		}
 		spec.Pinning = ebpf.PinByName
 		m, err := ebpf.NewMapWithOptions(spec, ebpf.MapOptions{PinPath: dir})
 		if err != nil {
@@ -235,6 +240,12 @@ func TestMigrateOldLayouts(t *testing.T) {
 	if err := oldMaps["snat_rev"].Put(&revKey, &rev); err != nil {
 		t.Fatal(err)
 	}
+	notService := uint32(1) // L4LB_R_PASS_NOT_SERVICE, the same index in both versions
+	perCPU := make([]bpf.LbReasonStats, cpus)
+	perCPU[0] = bpf.LbReasonStats{Packets: 41, Bytes: 4100}
+	if err := oldMaps["reasons"].Put(&notService, perCPU); err != nil {
+		t.Fatal(err)
+	}
 
 	d, err := datapath.Load(datapath.Config{
 		PinPath: dir, Seed: testSeed, MaxServices: 16, MaxBackends: 64, ConntrackMax: 4096,
@@ -259,6 +270,9 @@ func TestMigrateOldLayouts(t *testing.T) {
 	var gr bpf.LbSnatRevValue
 	if err := maps[bpf.LbMapSnatRev].Lookup(&revKey, &gr); err != nil || gr != rev {
 		t.Errorf("moved SNAT reverse entry %+v (%v), want %+v", gr, err, rev)
+	}
+	if r, err := d.Reasons(); err != nil || r["pass_not_service"].Packets != 41 {
+		t.Errorf("reason counters after the load: pass_not_service %+v (%v), want the old 41 packets", r["pass_not_service"], err)
 	}
 	for name, m := range maps {
 		if name == bpf.LbMapConntrack || name == bpf.LbMapSnatFwd || name == bpf.LbMapSnatRev {
