@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -143,8 +144,13 @@ func TestMaglevErrors(t *testing.T) {
 }
 
 func TestConfigCheck(t *testing.T) {
-	out, _, err := run(t, "config", "check", "../../etc/l4lb.toml")
-	if err != nil || !strings.Contains(out, "valid") {
+	// The shipped config serves nothing and has no seed: refused as is,
+	// valid with --dev.
+	if _, stderr, err := run(t, "config", "check", "--no-host-checks", "../../etc/l4lb.toml"); err == nil || !strings.Contains(stderr, "maglev.hash_seed is missing") {
+		t.Fatalf("default config without --dev: %v %s", err, stderr)
+	}
+	out, _, err := run(t, "config", "check", "--dev", "--no-host-checks", "../../etc/l4lb.toml")
+	if err != nil || !strings.Contains(out, "valid (0 services)") {
 		t.Fatalf("default config: %v %s", err, out)
 	}
 	bad := filepath.Join(t.TempDir(), "bad.toml")
@@ -160,14 +166,97 @@ func TestConfigCheck(t *testing.T) {
 		t.Fatalf("stderr lacks file:line and the bad value:\n%s", stderr)
 	}
 	out, _, err = run(t, "config", "check", "--dev", "-o", "json", bad)
-	if err == nil {
-		t.Fatal("json output of an invalid config must still fail")
+	if err == nil || !errors.As(err, &ee) || !ee.reported {
+		t.Fatalf("json output of an invalid config must fail, reported: %v", err)
 	}
 	var res struct {
-		Valid  bool     `json:"valid"`
-		Errors []string `json:"errors"`
+		Valid  bool `json:"valid"`
+		Errors []struct {
+			File    string `json:"file"`
+			Line    int    `json:"line"`
+			Key     string `json:"key"`
+			Message string `json:"message"`
+		} `json:"errors"`
 	}
-	if jerr := json.Unmarshal([]byte(out), &res); jerr != nil || res.Valid || len(res.Errors) == 0 {
+	if jerr := json.Unmarshal([]byte(out), &res); jerr != nil || res.Valid || len(res.Errors) != 1 {
 		t.Fatalf("json: %v %+v", jerr, res)
+	}
+	if e := res.Errors[0]; e.File != bad || e.Line != 3 || e.Key != "datapath.mode" || !strings.Contains(e.Message, `"fast"`) {
+		t.Errorf("json error %+v, want file, line 3, key datapath.mode and the message", e)
+	}
+}
+
+// TestConfigCheckHost: on this box, config check prints the kernel memory
+// the maps need, computed from the datapath's map specs, and warns about
+// SNAT ports inside the kernel's ephemeral range.
+func TestConfigCheckHost(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "l4lb.toml")
+	doc := "[daemon]\nbpffs = \"/sys/fs/bpf/l4lb-check-test\"\nadmin_socket = \"" + filepath.Join(t.TempDir(), "s.sock") + "\"\n" +
+		"[datapath]\ninterfaces = [\"eth0\"]\nsnat_port_range = \"1024-65535\"\n[maglev]\nhash_seed = \"" + seedHex[2:] + "11\"\n"
+	if err := os.WriteFile(path, []byte(doc), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, stderr, err := run(t, "config", "check", path)
+	if err != nil {
+		t.Fatalf("%v\n%s%s", err, out, stderr)
+	}
+	if !regexp.MustCompile(`maps: ≈ \d+ MiB of kernel memory`).MatchString(out) {
+		t.Errorf("no memory estimate:\n%s", out)
+	}
+	if !strings.Contains(out, "warning: "+path+":6: datapath.snat_port_range 1024-65535 overlaps the kernel's ephemeral ports") {
+		t.Errorf("no ephemeral-range warning:\n%s", out)
+	}
+}
+
+// TestUsageErrors: a bare group command and an unknown subcommand fail
+// with exit code 2; --version answers; -o json errors are JSON.
+func TestUsageErrors(t *testing.T) {
+	for _, args := range [][]string{{"service"}, {"service", "frobnicate"}, {"frobnicate"}, {}, {"config"}, {"backend", "x"}} {
+		_, _, err := run(t, args...)
+		if err == nil || exitCode(err) != 2 {
+			t.Errorf("l4lbctl %v: error %v (exit %d), want a usage error, exit 2", args, err, exitCode(err))
+		}
+	}
+	if _, _, err := run(t, "status", "extra"); err == nil || exitCode(err) != 2 {
+		t.Errorf("status with an argument: %v, want exit 2", err)
+	}
+	out, _, err := run(t, "--version")
+	if err != nil || !strings.Contains(out, "l4lbctl version") {
+		t.Errorf("--version: %v %q", err, out)
+	}
+	cmd := root()
+	var stdout, stderr bytes.Buffer
+	cmd.SetArgs([]string{"-o", "json", "--socket", filepath.Join(t.TempDir(), "none.sock"), "status"})
+	cmd.SetOut(&stdout)
+	err = cmd.Execute()
+	if err == nil {
+		t.Fatal("status without a daemon succeeded")
+	}
+	report(cmd, &stdout, &stderr, err)
+	var e struct {
+		Error string `json:"error"`
+	}
+	if jerr := json.Unmarshal(stdout.Bytes(), &e); jerr != nil || !strings.Contains(e.Error, "is l4lbd running?") || stderr.Len() != 0 {
+		t.Errorf("-o json error: %q (%v), stderr %q", stdout.String(), jerr, stderr.String())
+	}
+}
+
+func TestSeedNew(t *testing.T) {
+	a, _, err := run(t, "seed", "new")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _, _ := run(t, "seed", "new")
+	s, err := maglev.ParseSeed(strings.TrimSpace(a))
+	if err != nil || s.IsZero() || a == b {
+		t.Fatalf("seed new: %q then %q (%v)", a, b, err)
+	}
+	// What it prints is accepted as maglev.hash_seed.
+	path := filepath.Join(t.TempDir(), "l4lb.toml")
+	if err := os.WriteFile(path, []byte("[datapath]\ninterfaces = [\"eth0\"]\n[maglev]\nhash_seed = \""+strings.TrimSpace(a)+"\"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, stderr, err := run(t, "config", "check", "--no-host-checks", path); err != nil {
+		t.Fatalf("a new seed is refused: %v\n%s", err, stderr)
 	}
 }

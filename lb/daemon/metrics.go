@@ -77,6 +77,9 @@ func (d *Daemon) Snapshot() metrics.Snapshot {
 		snap.Conflicts = append(snap.Conflicts, metrics.Conflict{Service: c.Service, Source: c.Source, Reason: c.Reason})
 	}
 	snap.Refused = append(snap.Refused, v.refused...)
+	d.mu.Lock()
+	snap.PendingRestart = append(snap.PendingRestart, d.pending...)
+	d.mu.Unlock()
 	return snap
 }
 

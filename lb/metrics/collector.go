@@ -22,6 +22,7 @@ const (
 	labelMode     = "mode"
 	labelDispatch = "dispatch"
 	labelResult   = "result"
+	labelSetting  = "setting"
 	// labelFingerprint lets an alert compare boxes: the same service with
 	// two fingerprints means two boxes send one flow to different backends.
 	labelFingerprint = "fingerprint"
@@ -91,6 +92,10 @@ var (
 		"Services the datapath does not serve (reason: unsupported, map_full).",
 		[]string{labelService, labelSource, labelReason}, nil)
 
+	descPendingRestart = prometheus.NewDesc("l4lb_config_pending_restart",
+		"1 per setting of the configuration file in force that differs from the running value and applies only when l4lbd restarts.",
+		[]string{labelSetting}, nil)
+
 	descScrapeError = prometheus.NewDesc("l4lb_snapshot_error",
 		"Never exposed: carries errors met while reading the live state.", nil, nil)
 )
@@ -103,7 +108,7 @@ var allDescs = []*prometheus.Desc{
 	descConntrackEntries, descConntrackCapacity, descSNATEntries, descSNATCapacity,
 	descMapEntries, descMapCapacity,
 	descDiscoverySync, descDiscoveryServices, descConflicting, descRefused,
-	descScrapeError,
+	descPendingRestart, descScrapeError,
 }
 
 // adminStates and healthStates are every value of the state labels: all
@@ -205,6 +210,10 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for k, n := range refused {
 		e.gauge(descRefused, float64(n), k[0], k[1], k[2])
+	}
+
+	for _, name := range s.PendingRestart {
+		e.gauge(descPendingRestart, 1, name)
 	}
 
 	for _, err := range s.Errors {

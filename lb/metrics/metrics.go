@@ -67,6 +67,9 @@ type Snapshot struct {
 	// Refused are services the datapath does not serve (unsupported
 	// settings, a full map).
 	Refused []Refusal
+	// PendingRestart names the settings (e.g. "maglev.hash_seed") whose new
+	// value waits for a restart of l4lbd; each name once.
+	PendingRestart []string
 	// Errors are failures met while taking the snapshot (a map that could
 	// not be read). Each fails its part of the scrape: the HTTP handler
 	// logs it and serves the rest.

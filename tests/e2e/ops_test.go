@@ -381,10 +381,17 @@ func TestInvalidConfigsChangeNothing(t *testing.T) {
 		return b.String()
 	}
 	want := snapshot(before)
+	skipped := 0
 	for _, path := range corpus {
 		data, err := os.ReadFile(path)
 		if err != nil {
 			t.Fatal(err)
+		}
+		if strings.Contains(string(data), "\n# host-file: ") {
+			// Facts of a file system this box does not have; the
+			// real case is TestAdminSocketNotASocket.
+			skipped++
+			continue
 		}
 		// Keep the daemon's own paths so the file is only wrong where
 		// the corpus means it to be.
@@ -405,7 +412,7 @@ func TestInvalidConfigsChangeNothing(t *testing.T) {
 			t.Fatalf("%s: a rejected config changed the services:\nbefore %s\nafter  %s", filepath.Base(path), want, got)
 		}
 	}
-	t.Logf("%d invalid configs rejected with file:line; the programmed state never changed", len(corpus))
+	t.Logf("%d invalid configs rejected with file:line (%d left to their own e2e test); the programmed state never changed", len(corpus)-skipped, skipped)
 }
 
 // TestCleanup: stopping l4lbd leaves the datapath attached and pinned
