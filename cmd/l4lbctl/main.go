@@ -15,6 +15,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/l4lb/l4lb/internal/clidoc"
 	"github.com/l4lb/l4lb/lb/daemon"
 )
 
@@ -104,7 +105,7 @@ func root() *cobra.Command {
 		return nil
 	}
 	cmd.AddCommand(maglevCmd(g), configCmd(g), statusCmd(g), serviceCmd(g), backendCmd(g), conntrackCmd(g),
-		seedCmd(g), reloadCmd(g))
+		seedCmd(g), reloadCmd(g), clidoc.Command(cmd, "L4LBCTL"))
 	requireSubcommands(cmd)
 	return cmd
 }
