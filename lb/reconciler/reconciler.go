@@ -388,7 +388,7 @@ func (r *Reconciler) prepare(p *pending) error {
 		return err
 	}
 
-	// The backends that get an entry (active and draining), by address.
+	// The backends that get an entry (every state), by address.
 	want := append(r.want[:0], d.Backends...)
 	slices.SortFunc(want, func(a, b lb.Backend) int { return a.Addr.Compare(b.Addr) })
 	r.want = want
@@ -397,7 +397,9 @@ func (r *Reconciler) prepare(p *pending) error {
 			return fmt.Errorf("service %q (%s): backend %s is listed twice; list each backend once", d.Name, d.Frontend, want[k].Addr)
 		}
 	}
-	want = slices.DeleteFunc(want, func(b lb.Backend) bool { return b.State == lb.Disabled })
+	// Disabled backends keep their entry (marked so the datapath follows
+	// no connection to them) and so their id: their counters survive
+	// while they are in the service.
 
 	v := r.services[d.Frontend]
 	var cur []backend
