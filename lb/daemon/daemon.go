@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"os"
 	"slices"
 	"strings"
@@ -84,6 +85,10 @@ type Daemon struct {
 	// pending are the settings of the file in force that wait for a
 	// restart (keepRunning).
 	pending []string
+
+	// localAddrs are the box's own addresses, as of the last (re)load,
+	// by address; control loop only. Empty without host checks.
+	localAddrs map[netip.Addr]string
 }
 
 // view is what the API reads: replaced as a whole after every change.
@@ -138,7 +143,19 @@ func New(opts Options) (*Daemon, error) {
 	d.overrides = &overrides{path: OverridesPath(cfg.Daemon.AdminSocket), m: map[overrideKey]override{}}
 	d.lastReload = api.Reload{Time: time.Now(), OK: true, Count: 0}
 	d.view.Store(&view{cfg: cfg})
+	d.setLocal(opts.Config.Host)
 	return d, nil
+}
+
+// setLocal records the box's addresses of h (nil: no host checks).
+func (d *Daemon) setLocal(h *config.Host) {
+	d.localAddrs = map[netip.Addr]string{}
+	if h == nil {
+		return
+	}
+	for _, a := range h.Addresses {
+		d.localAddrs[a.Prefix.Addr().Unmap()] = a.Interface
+	}
 }
 
 // Config returns the configuration in force.
@@ -417,6 +434,7 @@ func (d *Daemon) doReload() error {
 		return err
 	}
 	d.logWarnings(cfg)
+	d.setLocal(opts.Host)
 	// Settings that need a restart keep their running values.
 	pending := keepRunning(d.cfg, cfg)
 	if len(pending) > 0 {
@@ -625,6 +643,14 @@ func (d *Daemon) resolve(merged []lb.Service, defs lb.Defaults) resolved {
 			}
 		}
 		svc = d.overrides.apply(svc, r.seen)
+		// Validation refuses it in the file; other sources get the
+		// same rule here.
+		if ifc, ok := d.localAddrs[svc.Frontend.Addr]; ok {
+			r.rejected = append(r.rejected, fmt.Sprintf("service %q (%s): vip %s is an address of this box (%s): l4lb would take over %s for every client; use an address the box does not hold",
+				svc.Name, svc.Source, svc.Frontend.Addr, ifc, svc.Frontend))
+			r.refused = append(r.refused, metrics.Refusal{Service: svc.Name, Source: svc.Source, Reason: metrics.RefusedLocalVIP})
+			continue
+		}
 		// The datapath's own check also knows its SNAT addresses.
 		if err := d.dp.Supported(svc); err != nil {
 			r.rejected = append(r.rejected, fmt.Sprintf("service %q (%s): %v", svc.Name, svc.Source, err))

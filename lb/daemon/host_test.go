@@ -3,12 +3,15 @@
 package daemon
 
 import (
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/l4lb/l4lb/lb"
 	"github.com/l4lb/l4lb/lb/config"
+	"github.com/l4lb/l4lb/lb/metrics"
 )
 
 // TestHostFactsRefuseOversizedMaps: with this machine's facts, a config
@@ -66,4 +69,19 @@ func mustParse(t *testing.T, doc string) *config.Config {
 		t.Fatal(err)
 	}
 	return cfg
+}
+
+// TestLocalVIPFromASource: a service of a discovery source (which file
+// validation never sees) whose VIP is one of the box's addresses is
+// refused with its own reason, as of the addresses of the last (re)load.
+func TestLocalVIPFromASource(t *testing.T) {
+	d := &Daemon{overrides: &overrides{m: map[overrideKey]override{}}}
+	d.setLocal(&config.Host{Addresses: []config.HostAddr{{Prefix: netip.MustParsePrefix("192.0.2.5/24"), Interface: "eth9"}}})
+	svc := lb.Service{Name: "ssh", Source: "consul", Frontend: lb.Frontend{Addr: netip.MustParseAddr("192.0.2.5"), Port: 22, Proto: lb.TCP},
+		Backends: []lb.Backend{{Addr: netip.MustParseAddrPort("198.51.100.1:22"), Weight: 1}}}
+	r := d.resolve([]lb.Service{svc}, lb.Defaults{Mode: lb.ModeSNAT, Dispatch: lb.DispatchIPIP, TableSize: 251})
+	if len(r.desired) != 0 || len(r.refused) != 1 || r.refused[0].Reason != metrics.RefusedLocalVIP ||
+		len(r.rejected) != 1 || !strings.Contains(r.rejected[0], "vip 192.0.2.5 is an address of this box (eth9)") {
+		t.Fatalf("resolve: desired %v refused %+v rejected %q", r.desired, r.refused, r.rejected)
+	}
 }

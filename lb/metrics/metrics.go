@@ -201,11 +201,14 @@ const (
 	// RefusedMapFull: a datapath map has no room for the service or its
 	// backends.
 	RefusedMapFull RefusalReason = "map_full"
+	// RefusedLocalVIP: the VIP is one of the box's own addresses (a
+	// service from a discovery source; the file refuses it outright).
+	RefusedLocalVIP RefusalReason = "local_vip"
 )
 
 // refusalReasons are pre-set to zero so that rate() works from the first
 // refusal on.
-var refusalReasons = []RefusalReason{RefusedUnsupported, RefusedMapFull}
+var refusalReasons = []RefusalReason{RefusedUnsupported, RefusedMapFull, RefusedLocalVIP}
 
 // Refusal is a service the datapath does not serve.
 type Refusal struct {
