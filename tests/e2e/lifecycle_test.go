@@ -19,17 +19,24 @@ import (
 	"github.com/l4lb/l4lb/tests/topo"
 )
 
+// vip4Rig is one LB box running l4lbd with cfg, in front of n backends
+// that hold vip4 and serve it on port 80 through the companion.
+func vip4Rig(t *testing.T, n int, cfg string) (*topo.Topology, *topo.L4LBD) {
+	t.Helper()
+	tp := topo.New(t, topo.Options{LBs: 1, Backends: n})
+	for _, be := range tp.Backends {
+		be.HoldVIPs(vip4)
+		be.StartCompanion(l4lbd(), vip4.String())
+		be.Serve(netip.AddrPortFrom(vip4, 80))
+	}
+	tp.RouteVIPs(tp.LBs[0], vip4)
+	return tp, tp.LBs[0].StartL4LBD(l4lbd(), cfg)
+}
+
 // lifecycleRig is one LB box serving web4 over DSR from one backend.
 func lifecycleRig(t *testing.T) (*topo.Topology, *topo.L4LBD) {
 	t.Helper()
-	tp := topo.New(t, topo.Options{LBs: 1, Backends: 1})
-	be := tp.Backends[0]
-	be.HoldVIPs(vip4)
-	be.StartCompanion(l4lbd(), vip4.String())
-	be.Serve(netip.AddrPortFrom(vip4, 80))
-	tp.RouteVIPs(tp.LBs[0], vip4)
-	d := tp.LBs[0].StartL4LBD(l4lbd(), oneBackendConfig())
-	return tp, d
+	return vip4Rig(t, 1, oneBackendConfig())
 }
 
 func oneBackendConfig() string {
@@ -428,14 +435,7 @@ func TestReloadCommand(t *testing.T) {
 // move matching what the traffic then does, and daemon.max_flow_move
 // refuses a reload that would move more.
 func TestConfigDiffAndFlowGuard(t *testing.T) {
-	tp := topo.New(t, topo.Options{LBs: 1, Backends: 3})
-	for _, be := range tp.Backends {
-		be.HoldVIPs(vip4)
-		be.StartCompanion(l4lbd(), vip4.String())
-		be.Serve(netip.AddrPortFrom(vip4, 80))
-	}
-	tp.RouteVIPs(tp.LBs[0], vip4)
-	d := tp.LBs[0].StartL4LBD(l4lbd(), dsrConfig(21, 22, 23))
+	tp, d := vip4Rig(t, 3, dsrConfig(21, 22, 23))
 
 	// Removing be3 moves about a third of web4's flows.
 	next := strings.Replace(dsrConfig(21, 22), "[daemon]\n", "[daemon]\nmax_flow_move = 0.2\n", 1)
