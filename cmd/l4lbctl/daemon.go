@@ -80,6 +80,7 @@ func printCheck(out, errOut io.Writer, asJSON bool, file string, host *config.Ho
 			Valid    bool         `json:"valid"`
 			Services int          `json:"services,omitempty"`
 			MapBytes uint64       `json:"map_memory_bytes,omitempty"`
+			NewBytes uint64       `json:"map_memory_new_bytes,omitempty"`
 			Memory   uint64       `json:"memory_available_bytes,omitempty"`
 			Errors   []checkIssue `json:"errors,omitempty"`
 			Warnings []checkIssue `json:"warnings,omitempty"`
@@ -90,7 +91,7 @@ func printCheck(out, errOut io.Writer, asJSON bool, file string, host *config.Ho
 		if err != nil {
 			res.Errors = issues(list)
 		} else {
-			res.Services, res.MapBytes = len(cfg.Services), cfg.MapMemory
+			res.Services, res.MapBytes, res.NewBytes = len(cfg.Services), cfg.MapMemory.Total, cfg.MapMemory.New
 			if len(cfg.Warnings) > 0 {
 				res.Warnings = issues(cfg.Warnings)
 			}
@@ -108,12 +109,16 @@ func printCheck(out, errOut io.Writer, asJSON bool, file string, host *config.Ho
 		return &exitError{code: 1, err: fmt.Errorf("%s: configuration is invalid (%d errors)", file, len(list))}
 	}
 	fmt.Fprintf(out, "%s: valid (%d services)\n", file, len(cfg.Services))
-	if cfg.MapMemory > 0 {
+	if mem := cfg.MapMemory; mem.Total > 0 {
+		pinned := ""
+		if mem.New < mem.Total {
+			pinned = fmt.Sprintf(", %s of it new (the rest is pinned under %s already)", config.MiB(mem.New), cfg.Daemon.BPFFS)
+		}
 		avail := ""
 		if host != nil && host.MemoryAvailable > 0 {
 			avail = fmt.Sprintf(" (%s available)", config.MiB(host.MemoryAvailable))
 		}
-		fmt.Fprintf(out, "maps: ≈ %s of kernel memory%s\n", config.MiB(cfg.MapMemory), avail)
+		fmt.Fprintf(out, "maps: ≈ %s of kernel memory%s%s\n", config.MiB(mem.Total), pinned, avail)
 	}
 	for _, w := range cfg.Warnings {
 		fmt.Fprintln(out, "warning:", w.Error())

@@ -117,9 +117,9 @@ type Config struct {
 	// Warnings are settings that work but are likely to harm the box;
 	// only checks with Options.Host make them.
 	Warnings ErrorList
-	// MapMemory is the estimated kernel memory of the datapath maps in
-	// bytes; 0 when Options.Host could not tell.
-	MapMemory uint64
+	// MapMemory is the estimated kernel memory of the datapath maps;
+	// zero when Options.Host could not tell.
+	MapMemory MapMemory
 }
 
 // Daemon holds the settings of the l4lbd process itself.

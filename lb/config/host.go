@@ -24,14 +24,23 @@ type Host struct {
 	Lstat func(path string) (mode fs.FileMode, ok bool)
 	// PinPath checks that daemon.bpffs can hold pins (on bpffs).
 	PinPath func(dir string) error
-	// MapMemory estimates the kernel memory, in bytes, the datapath
-	// maps of cfg need (lb/datapath computes it from the map specs).
-	MapMemory func(cfg *Config) (uint64, error)
+	// MapMemory estimates the kernel memory the datapath maps of cfg
+	// take (lb/datapath computes it from the map specs).
+	MapMemory func(cfg *Config) (MapMemory, error)
 	// MemoryAvailable is how much memory the machine can give the maps,
 	// in bytes.
 	MemoryAvailable uint64
 	// EphemeralPorts is the kernel's net.ipv4.ip_local_port_range.
 	EphemeralPorts [2]uint16
+}
+
+// MapMemory is the kernel memory of the datapath maps, in bytes.
+type MapMemory struct {
+	// Total is what all of them take.
+	Total uint64
+	// New is what starting l4lbd allocates: the maps already pinned
+	// under daemon.bpffs (a restart) are adopted and charged already.
+	New uint64
 }
 
 // HostAddr is one address of the box.
@@ -64,15 +73,19 @@ func (c *checker) host(raw *rawFile, cfg *Config, h *Host) {
 	c.hostAddresses(raw, cfg, h)
 	// The estimate of a file with errors would be of defaults it did not mean.
 	if h.MapMemory != nil && len(c.errs) == 0 {
-		n, err := h.MapMemory(cfg)
+		mem, err := h.MapMemory(cfg)
 		switch {
 		case err != nil:
 			c.warn(c.line("datapath"), "cannot estimate the kernel memory of the datapath maps: %v", err)
 		default:
-			cfg.MapMemory = n
-			if h.MemoryAvailable > 0 && n > h.MemoryAvailable {
-				scope{c: c}.errorf("datapath", "the datapath maps need ≈ %s of kernel memory but the machine has %s available: lower datapath.conntrack_max, snat_max, max_services or max_backends",
-					mib(n), mib(h.MemoryAvailable))
+			cfg.MapMemory = mem
+			if h.MemoryAvailable > 0 && mem.New > h.MemoryAvailable {
+				pinned := ""
+				if mem.New < mem.Total {
+					pinned = fmt.Sprintf(" more (%s are pinned under %s already)", mib(mem.Total-mem.New), cfg.Daemon.BPFFS)
+				}
+				scope{c: c}.errorf("datapath", "the datapath maps need ≈ %s%s of kernel memory but the machine has %s available: lower datapath.conntrack_max, snat_max, max_services or max_backends",
+					mib(mem.New), pinned, mib(h.MemoryAvailable))
 			}
 		}
 	}

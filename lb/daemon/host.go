@@ -39,16 +39,20 @@ func HostFacts() *config.Host {
 	}
 }
 
-// MapMemory is the kernel memory the datapath of cfg takes, in bytes, as
-// datapath.EstimateMemory computes it for the maps l4lbd would create.
-func MapMemory(cfg *config.Config) (uint64, error) {
+// MapMemory is the kernel memory the datapath of cfg takes, as
+// datapath.EstimateMemory computes it for the maps l4lbd would create,
+// and the part of it not pinned under daemon.bpffs yet.
+func MapMemory(cfg *config.Config) (config.MapMemory, error) {
 	maps, err := datapath.EstimateMemory(datapathConfig(cfg, nil), cfg.TableSizes())
 	if err != nil {
-		return 0, err
+		return config.MapMemory{}, err
 	}
-	var n uint64
+	var n config.MapMemory
 	for _, m := range maps {
-		n += m.Bytes
+		n.Total += m.Bytes
+		if !m.Pinned {
+			n.New += m.Bytes
+		}
 	}
 	return n, nil
 }

@@ -9,8 +9,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/l4lb/l4lb/internal/testnet"
 	"github.com/l4lb/l4lb/lb"
 	"github.com/l4lb/l4lb/lb/config"
+	"github.com/l4lb/l4lb/lb/datapath"
 	"github.com/l4lb/l4lb/lb/metrics"
 )
 
@@ -28,9 +30,9 @@ func TestHostFactsRefuseOversizedMaps(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("maps need %s, the machine has %s available", config.MiB(need), config.MiB(h.MemoryAvailable))
-	if need <= h.MemoryAvailable {
-		t.Fatalf("this machine has %s available, more than the largest config needs (%s): the refusal cannot be shown here", config.MiB(h.MemoryAvailable), config.MiB(need))
+	t.Logf("maps need %s, the machine has %s available", config.MiB(need.New), config.MiB(h.MemoryAvailable))
+	if need.New <= h.MemoryAvailable {
+		t.Fatalf("this machine has %s available, more than the largest config needs (%s): the refusal cannot be shown here", config.MiB(h.MemoryAvailable), config.MiB(need.New))
 	}
 	_, err = config.Parse("big.toml", []byte(doc), config.Options{Host: h})
 	if err == nil || !strings.Contains(err.Error(), "big.toml:3: the datapath maps need ≈") || !strings.Contains(err.Error(), "available") {
@@ -41,8 +43,61 @@ func TestHostFactsRefuseOversizedMaps(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.MapMemory < 100<<20 || cfg.MapMemory > 2<<30 {
-		t.Errorf("default maps estimated at %s", config.MiB(cfg.MapMemory))
+	if m := cfg.MapMemory; m.Total < 100<<20 || m.Total > 2<<30 || m.New != m.Total {
+		t.Errorf("default maps estimated at %s, %s of it new; want all of it new with nothing pinned", config.MiB(m.Total), config.MiB(m.New))
+	}
+}
+
+// TestMemoryCheckAdoptsPinnedMaps: the maps a running (or stopped) l4lbd
+// pinned are charged already, so the memory check of a restart counts only
+// what is not pinned. Counting them again refused the restart of a daemon
+// whose maps take more than half of the memory left.
+func TestMemoryCheckAdoptsPinnedMaps(t *testing.T) {
+	testnet.RequireRoot(t)
+	pins, err := os.MkdirTemp("/sys/fs/bpf", "l4lb-memory-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = datapath.Cleanup(pins) })
+	doc := "[daemon]\nbpffs = \"" + pins + "\"\nadmin_socket = \"" + filepath.Join(t.TempDir(), "s.sock") + "\"\n" +
+		"[datapath]\ninterfaces = [\"eth0\"]\nconntrack_max = 131072\nsnat_max = 65536\nmax_services = 64\nmax_backends = 1024\n" +
+		"[maglev]\nhash_seed = \"5f1c0ffee0ddba11deadbeef00c0ffee\"\n"
+	cfg := mustParse(t, doc)
+	before, err := MapMemory(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if before.New != before.Total {
+		t.Fatalf("nothing is pinned yet, but only %d of %d bytes count as new", before.New, before.Total)
+	}
+	// A machine with three quarters of what the maps take: a first start
+	// is refused, a restart over the pins is not.
+	host := HostFacts()
+	host.MemoryAvailable = before.Total * 3 / 4
+	if _, err := config.Parse("l4lb.toml", []byte(doc), config.Options{Host: host}); err == nil || !strings.Contains(err.Error(), "the datapath maps need ≈") {
+		t.Fatalf("first start with %s available for %s of maps: %v", config.MiB(host.MemoryAvailable), config.MiB(before.Total), err)
+	}
+
+	dp, err := datapath.Load(datapathConfig(cfg, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dp.Close() // the pins stay, as when l4lbd stops
+
+	after, err := MapMemory(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("maps %s; new before the first start %s, for a restart %s", config.MiB(after.Total), config.MiB(before.New), config.MiB(after.New))
+	if after.Total != before.Total || after.New > before.Total/10 {
+		t.Errorf("after pinning: %d of %d bytes new, want the pinned maps not counted", after.New, after.Total)
+	}
+	got, err := config.Parse("l4lb.toml", []byte(doc), config.Options{Host: host})
+	if err != nil {
+		t.Fatalf("restart over the pinned maps refused: %v", err)
+	}
+	if got.MapMemory != after {
+		t.Errorf("config reports %+v, MapMemory %+v", got.MapMemory, after)
 	}
 }
 

@@ -4,6 +4,8 @@ package datapath
 
 import (
 	"math/bits"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 
@@ -18,6 +20,10 @@ type MapMemory struct {
 	Bytes uint64
 	// Prealloc is true when the kernel takes all of it at creation.
 	Prealloc bool
+	// Pinned is true when a map of its name is pinned under the
+	// configured bpffs directory already (a restart): Load adopts it, or
+	// refuses it as incompatible, and allocates nothing for it.
+	Pinned bool
 }
 
 // Kernel structure sizes on 64-bit Linux (kernel/bpf/hashtab.c and
@@ -37,8 +43,10 @@ const (
 // the sizes Load gives them, before anything is created. tables are the
 // Maglev table sizes of the services that will be programmed; each takes a
 // table of its own. Maps that allocate on insert (services, source
-// ranges) are counted full. The sum is what l4lbd compares with the
-// memory the machine has before it starts.
+// ranges) are counted full. What the maps not yet pinned under
+// cfg.PinPath take is what l4lbd compares with the memory the machine has
+// before it starts: the pinned ones are charged already, and counting them
+// again would refuse the restart of a daemon that runs fine.
 func EstimateMemory(cfg Config, tables []uint32) ([]MapMemory, error) {
 	if !cfg.EncapSource4.IsValid() {
 		cfg.EncapSource4 = DefaultEncapSource4
@@ -56,7 +64,7 @@ func EstimateMemory(cfg Config, tables []uint32) ([]MapMemory, error) {
 			continue // .rodata: a few hundred bytes
 		}
 		b, pre := mapBytes(m, cpus)
-		out = append(out, MapMemory{Name: name, Bytes: b, Prealloc: pre})
+		out = append(out, MapMemory{Name: name, Bytes: b, Prealloc: pre, Pinned: isPinned(cfg.PinPath, m)})
 	}
 	var inner uint64
 	for _, size := range tables {
@@ -64,10 +72,21 @@ func EstimateMemory(cfg Config, tables []uint32) ([]MapMemory, error) {
 		inner += mapHead + chunks*maglevChunk*4
 	}
 	if len(tables) > 0 {
+		// Never Pinned: a restart rebuilds the tables of changed
+		// services aside, so counting them all errs on the safe side.
 		out = append(out, MapMemory{Name: "maglev tables", Bytes: inner})
 	}
 	slices.SortFunc(out, func(a, b MapMemory) int { return strings.Compare(a.Name, b.Name) })
 	return out, nil
+}
+
+// isPinned reports whether m would be adopted from a pin under dir.
+func isPinned(dir string, m *ebpf.MapSpec) bool {
+	if dir == "" || m.Pinning != ebpf.PinByName {
+		return false
+	}
+	_, err := os.Lstat(filepath.Join(dir, m.Name))
+	return err == nil
 }
 
 func round8(n uint32) uint64 { return (uint64(n) + 7) &^ 7 }
