@@ -28,7 +28,7 @@ type checker struct {
 
 // warn records a setting that works but is likely to harm the box.
 func (c *checker) warn(line int, format string, args ...any) {
-	c.warns = append(c.warns, &Error{File: c.file, Line: line, Msg: fmt.Sprintf(format, clipArgs(args)...)})
+	c.warns = append(c.warns, &Error{File: c.file, Line: line, Msg: clipQuoted(fmt.Sprintf(format, clipArgs(args)...))})
 }
 
 func (c *checker) add(line int, service, backend, format string, args ...any) {
@@ -37,7 +37,7 @@ func (c *checker) add(line int, service, backend, format string, args ...any) {
 		Line:    line,
 		Service: service,
 		Backend: backend,
-		Msg:     fmt.Sprintf(format, clipArgs(args)...),
+		Msg:     clipQuoted(fmt.Sprintf(format, clipArgs(args)...)),
 	})
 }
 
@@ -48,6 +48,47 @@ const (
 	maxValueLen = 256
 	clipLen     = 128
 )
+
+// clipQuoted shortens every quoted string (Go syntax, as %q writes it)
+// longer than maxValueLen in msg: values quoted by the parsers of other
+// packages (lb.ParseProtocol and friends) reach a message already
+// formatted, past clipArgs.
+func clipQuoted(msg string) string {
+	if len(msg) <= maxValueLen {
+		return msg
+	}
+	var b strings.Builder
+	for {
+		start := strings.IndexByte(msg, '"')
+		if start < 0 {
+			break
+		}
+		end := start + 1
+		for end < len(msg) && msg[end] != '"' {
+			if msg[end] == '\\' {
+				end++
+			}
+			end++
+		}
+		if end >= len(msg) {
+			break // unbalanced: leave the rest as it is
+		}
+		b.WriteString(msg[:start+1])
+		if inner := msg[start+1 : end]; len(inner) > maxValueLen {
+			cut := clipLen
+			for cut > 0 && (!utf8.RuneStart(inner[cut]) || inner[cut-1] == '\\') {
+				cut--
+			}
+			fmt.Fprintf(&b, "%s… (%d bytes)", inner[:cut], len(inner))
+		} else {
+			b.WriteString(inner)
+		}
+		b.WriteByte('"')
+		msg = msg[end+1:]
+	}
+	b.WriteString(msg)
+	return b.String()
+}
 
 // clipArgs shortens long string arguments of an error message.
 func clipArgs(args []any) []any {

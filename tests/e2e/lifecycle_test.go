@@ -5,6 +5,7 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -23,6 +24,13 @@ import (
 // that hold vip4 and serve it on port 80 through the companion.
 func vip4Rig(t *testing.T, n int, cfg string) (*topo.Topology, *topo.L4LBD) {
 	t.Helper()
+	tp := vip4Topo(t, n)
+	return tp, tp.LBs[0].StartL4LBD(l4lbd(), cfg)
+}
+
+// vip4Topo is vip4Rig before l4lbd starts.
+func vip4Topo(t *testing.T, n int) *topo.Topology {
+	t.Helper()
 	tp := topo.New(t, topo.Options{LBs: 1, Backends: n})
 	for _, be := range tp.Backends {
 		be.HoldVIPs(vip4)
@@ -30,7 +38,7 @@ func vip4Rig(t *testing.T, n int, cfg string) (*topo.Topology, *topo.L4LBD) {
 		be.Serve(netip.AddrPortFrom(vip4, 80))
 	}
 	tp.RouteVIPs(tp.LBs[0], vip4)
-	return tp, tp.LBs[0].StartL4LBD(l4lbd(), cfg)
+	return tp
 }
 
 // lifecycleRig is one LB box serving web4 over DSR from one backend.
@@ -326,8 +334,8 @@ func TestConfigNotARegularFile(t *testing.T) {
 // TestPendingRestart: a reload that changes settings applying only at start
 // is accepted, keeps their running values, and status names them.
 func TestPendingRestart(t *testing.T) {
-	_, d := lifecycleRig(t)
-	cfg := oneBackendConfig()
+	_, d := vip4Rig(t, 1, withMetrics(oneBackendConfig()))
+	cfg := withMetrics(oneBackendConfig())
 	cfg = strings.Replace(cfg, e2eSeed, "ffeeddccbbaa99887766554433221100", 1)
 	cfg = strings.Replace(cfg, "conntrack_max = 65536", "conntrack_max = 131072", 1)
 	d.WriteConfig(cfg)
@@ -350,13 +358,185 @@ func TestPendingRestart(t *testing.T) {
 	if err != nil || !strings.Contains(out, "pending restart") || !strings.Contains(out, "maglev.hash_seed") {
 		t.Errorf("l4lbctl status does not show the pending settings: %v\n%s", err, out)
 	}
+	body := scrape(t, d.Host, metricsAddr)
+	for _, want := range []string{
+		`l4lb_config_pending_restart{setting="datapath.conntrack_max"} 1`,
+		`l4lb_config_pending_restart{setting="maglev.hash_seed"} 1`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
 	// Back to the running values: nothing pending.
-	d.WriteConfig(oneBackendConfig())
+	d.WriteConfig(withMetrics(oneBackendConfig()))
 	if rl := d.Reload(); !rl.OK {
 		t.Fatal(rl.Error)
 	}
 	if st, _ := d.API().Status(t.Context()); len(st.PendingRestart) != 0 {
 		t.Errorf("pending restart after restoring the values: %q", st.PendingRestart)
+	}
+	if body := scrape(t, d.Host, metricsAddr); strings.Contains(body, "l4lb_config_pending_restart{") {
+		t.Errorf("pending-restart series left after restoring the values")
+	}
+}
+
+// metricsAddr is where withMetrics makes l4lbd listen, in its namespace.
+const metricsAddr = "127.0.0.1:9842"
+
+// withMetrics turns on the metrics listener of an e2e config.
+func withMetrics(cfg string) string {
+	return strings.Replace(cfg, "metrics_listen = []", fmt.Sprintf("metrics_listen = [%q]", metricsAddr), 1)
+}
+
+// notifications listens where NOTIFY_SOCKET will point, as systemd does for
+// a Type=notify unit, and hands on each datagram l4lbd sends.
+func notifications(t *testing.T) (string, <-chan string) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "notify.sock")
+	conn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: path, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	ch := make(chan string, 64)
+	go func() {
+		buf := make([]byte, 64<<10)
+		for {
+			n, err := conn.Read(buf)
+			if err != nil {
+				close(ch)
+				return
+			}
+			ch <- string(buf[:n])
+		}
+	}()
+	return path, ch
+}
+
+// nextNotify waits (up to 10 s) for a datagram containing every one of
+// want, and returns it.
+func nextNotify(t *testing.T, ch <-chan string, want ...string) string {
+	t.Helper()
+	timeout := time.After(10 * time.Second)
+	var seen []string
+	for {
+		select {
+		case m, ok := <-ch:
+			if !ok {
+				t.Fatalf("notify socket closed; saw %q", seen)
+			}
+			seen = append(seen, m)
+			all := true
+			for _, w := range want {
+				all = all && strings.Contains(m, w)
+			}
+			if all {
+				return m
+			}
+		case <-timeout:
+			t.Fatalf("no notification with %q within 10s; saw %q", want, seen)
+		}
+	}
+}
+
+// TestSystemdNotify: under a Type=notify unit, l4lbd says READY with a
+// STATUS= line systemctl status shows (what it serves, and after a reload
+// the settings waiting for a restart), RELOADING and READY around each
+// reload, the rejection of a bad file in STATUS=, and STOPPING.
+func TestSystemdNotify(t *testing.T) {
+	sock, ch := notifications(t)
+	tp := vip4Topo(t, 1)
+	d := tp.LBs[0].StartL4LBDWrapped([]string{"env", "NOTIFY_SOCKET=" + sock}, l4lbd(), oneBackendConfig())
+
+	m := nextNotify(t, ch, "READY=1")
+	if !regexp.MustCompile(`(?m)^STATUS=serving 4 services on eth0$`).MatchString(m) {
+		t.Errorf("READY without the expected STATUS line: %q", m)
+	}
+
+	d.WriteConfig(strings.Replace(oneBackendConfig(), e2eSeed, "ffeeddccbbaa99887766554433221100", 1))
+	if rl := d.Reload(); !rl.OK {
+		t.Fatal(rl.Error)
+	}
+	nextNotify(t, ch, "RELOADING=1")
+	m = nextNotify(t, ch, "READY=1")
+	if !strings.Contains(m, "STATUS=serving 4 services on eth0; pending restart: maglev.hash_seed") {
+		t.Errorf("READY after a reload with a new seed: %q, want the pending restart in STATUS=", m)
+	}
+
+	d.WriteConfig(strings.Replace(oneBackendConfig(), `protocol = "tcp"`, `protocol = "sctp"`, 1))
+	if rl := d.Reload(); rl.OK {
+		t.Fatal("an invalid file was accepted")
+	}
+	m = nextNotify(t, ch, "STATUS=configuration rejected, the previous one keeps serving: "+d.Config+":")
+	if strings.Contains(m, "\n") {
+		t.Errorf("STATUS= of a rejection spans lines: %q", m)
+	}
+	t.Logf("rejection: %s", m)
+	nextNotify(t, ch, "READY=1")
+	if err := serves(t, tp); err != nil {
+		t.Errorf("traffic after the rejection: %v", err)
+	}
+
+	if err := d.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	nextNotify(t, ch, "STOPPING=1")
+}
+
+// TestVIPOfTheBox: a VIP that is an address of the box, or the broadcast
+// address of one of its subnets, is refused against the box's real
+// interfaces: by config check, at start (nothing is created), and on
+// reload (the running services keep serving).
+func TestVIPOfTheBox(t *testing.T) {
+	tp, d := lifecycleRig(t)
+	lb := tp.LBs[0]
+	own := lb.Addr4.String()
+	bcast := topo.Prefix4 + "255"
+	extra := fmt.Sprintf("\n[[service]]\nname = \"ssh\"\nvip = %q\nport = 22\nprotocol = \"tcp\"\n[[service.backend]]\naddress = \"%s21\"\n"+
+		"\n[[service]]\nname = \"bcast\"\nvip = %q\nport = 80\nprotocol = \"tcp\"\n[[service.backend]]\naddress = \"%s21\"\n",
+		own, topo.Prefix4, bcast, topo.Prefix4)
+	wantErrs := []string{
+		fmt.Sprintf("vip %s is an address of this box (eth0): l4lb would take over tcp port 22", own),
+		fmt.Sprintf("vip %s is the broadcast address of %s0/24 on eth0", bcast, topo.Prefix4),
+	}
+
+	// config check, run on the box.
+	dir := t.TempDir()
+	path := filepath.Join(dir, "l4lb.toml")
+	pins := filepath.Join(tp.PinRoot, "lb-own-vip")
+	writeFile(t, path, strings.NewReplacer("{{socket}}", filepath.Join(dir, "x.sock"), "{{bpffs}}", pins).Replace(oneBackendConfig()+extra))
+	t.Cleanup(func() { runQuiet(l4lbd(), "--config", path, "--cleanup") })
+	out, err := lb.NS.Command(filepath.Join(bin, "l4lbctl"), "config", "check", path).CombinedOutput()
+	for _, w := range wantErrs {
+		if err == nil || !strings.Contains(string(out), w) {
+			t.Errorf("config check on the box: %v, output lacks %q:\n%s", err, w, out)
+		}
+	}
+	// The same file checked for another box passes.
+	if out, err := exec.Command(filepath.Join(bin, "l4lbctl"), "config", "check", "--no-host-checks", path).CombinedOutput(); err != nil {
+		t.Errorf("config check --no-host-checks: %v\n%s", err, out)
+	}
+
+	// l4lbd refuses to start with it and creates nothing.
+	log, err := runToExit(t, lb, "--config", path)
+	if err == nil || !strings.Contains(log, wantErrs[0]) {
+		t.Errorf("l4lbd with a VIP of the box: %v\n%s", err, log)
+	}
+	if _, err := os.Stat(pins); !os.IsNotExist(err) {
+		t.Errorf("%s exists after the refusal: %v", pins, err)
+	}
+
+	// A reload adding it is rejected; the running services keep serving.
+	d.WriteConfig(oneBackendConfig() + extra)
+	rl := d.Reload()
+	if rl.OK || !strings.Contains(rl.Error, wantErrs[0]) {
+		t.Errorf("reload with a VIP of the box: ok=%v %q", rl.OK, rl.Error)
+	}
+	if _, err := d.API().Service(t.Context(), "ssh"); err == nil {
+		t.Error("service ssh was programmed")
+	}
+	if err := serves(t, tp); err != nil {
+		t.Errorf("traffic after the rejected reload: %v", err)
 	}
 }
 
@@ -428,6 +608,36 @@ func TestReloadCommand(t *testing.T) {
 			t.Errorf("rejection logged again: %s", l)
 		}
 	}
+
+	// A file with a megabyte-long value and dozens of errors makes a
+	// bounded log line: values cut, errors beyond the first 20 counted.
+	// `l4lbctl reload` prints every error, values cut alike.
+	var b strings.Builder
+	b.WriteString(strings.Replace(oneBackendConfig(), `protocol = "tcp"`, `protocol = "`+strings.Repeat("x", 1<<20)+`"`, 1))
+	for i := range 30 {
+		fmt.Fprintf(&b, "\n[[service]]\nname = \"bad%d\"\nvip = \"%s\"\nport = %d\nprotocol = \"sctp\"\n", i, vip4, 1000+i)
+	}
+	d.WriteConfig(b.String())
+	logged := len(d.Log())
+	out, err = l4lbctl(t, d.Socket, "reload")
+	if err == nil || !strings.Contains(out, "… (1048576 bytes)") || strings.Count(out, `"sctp"`) != 30 || len(out) > 16<<10 {
+		t.Errorf("reload of a file with a 1 MiB value and 31 errors: %v, %d bytes:\n%.2000s", err, len(out), out)
+	}
+	time.Sleep(3 * time.Second) // the watcher's reload, if any
+	lines := 0
+	for _, l := range strings.Split(d.Log()[logged:], "\n") {
+		if !strings.Contains(l, "configuration rejected") {
+			continue
+		}
+		lines++
+		if len(l) > 16<<10 || !strings.Contains(l, "… (1048576 bytes)") || !strings.Contains(l, "and 11 more errors (l4lbctl config check FILE lists them all)") {
+			t.Errorf("rejection logged in a line of %d bytes: %.2000s", len(l), l)
+		}
+	}
+	if lines == 0 {
+		t.Error("the rejection was not logged")
+	}
+	t.Logf("reply to the reload: %d bytes", len(out))
 }
 
 // TestConfigDiffAndFlowGuard: `l4lbctl config diff FILE` shows what a change
