@@ -119,7 +119,8 @@ deb: build
 	rm -rf $(BIN)/deb && mkdir -p $(BIN)/deb/man $(BIN)/deb/completion
 	cp -r $(BIN)/l4lbd $(BIN)/l4lbctl etc/l4lb.toml etc/default/l4lb-backend etc/examples LICENSE packaging/debian $(BIN)/deb/
 	for u in l4lb.service l4lb-backend.service; do sed $(call unit_paths,/usr) systemd/$$u > $(BIN)/deb/$$u; done
-	$(BIN)/l4lbd gendoc $(BIN)/deb/man && $(BIN)/l4lbctl gendoc $(BIN)/deb/man && gzip -9n $(BIN)/deb/man/*.8
+	export SOURCE_DATE_EPOCH=$$(git log -1 --format=%ct 2>/dev/null || echo 0); \
+		$(BIN)/l4lbd gendoc $(BIN)/deb/man && $(BIN)/l4lbctl gendoc $(BIN)/deb/man && gzip -9n $(BIN)/deb/man/*.8
 	for c in l4lbd l4lbctl; do \
 		$(BIN)/$$c completion bash > $(BIN)/deb/completion/$$c.bash && \
 		$(BIN)/$$c completion zsh > $(BIN)/deb/completion/_$$c; done

@@ -89,7 +89,8 @@ func TestDebianPackage(t *testing.T) {
 			t.Errorf("not installed: %v", err)
 		}
 	}
-	for page, want := range map[string]string{"l4lbd.8.gz": `.TH "L4LBD" "8"`, "l4lbctl.8.gz": `.TH "L4LBCTL" "8"`, "l4lbctl-config-diff.8.gz": "share of flows"} {
+	for page, want := range map[string]string{"l4lbd.8.gz": `.TH "L4LBD" "8"`, "l4lbctl.8.gz": `.TH "L4LBCTL" "8"`,
+		"l4lbctl-config-diff.8.gz": `.TH "L4LBCTL-CONFIG-DIFF" "8"`, "l4lbctl-reload.8.gz": "wait for the outcome"} {
 		if got := gunzip(t, filepath.Join("/usr/share/man/man8", page)); !strings.Contains(got, want) {
 			t.Errorf("man page %s lacks %q", page, want)
 		}

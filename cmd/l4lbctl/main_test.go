@@ -260,3 +260,108 @@ func TestSeedNew(t *testing.T) {
 		t.Fatalf("a new seed is refused: %v\n%s", err, stderr)
 	}
 }
+
+// TestConfigDiffOffline: `config diff OLD NEW` names what changes per
+// service, and the share of flows it gives is the share of slots whose
+// owner differs between the tables `maglev table` prints for both sides;
+// max_flow_move in NEW makes it exit 1, naming the service.
+func TestConfigDiffOffline(t *testing.T) {
+	const seed = "5f1c0ffee0ddba11deadbeef00c0ffee"
+	doc := func(guard string, backends ...string) string {
+		var b strings.Builder
+		b.WriteString("[daemon]\n" + guard + "\n[datapath]\ninterfaces = [\"eth0\"]\n[maglev]\nhash_seed = \"" + seed + "\"\ntable_size = 1021\n")
+		b.WriteString("[[service]]\nname = \"web\"\nvip = \"10.0.0.10\"\nport = 80\nprotocol = \"tcp\"\n")
+		for _, be := range backends {
+			addr, weight, _ := strings.Cut(be, "@")
+			if weight == "" {
+				weight = "1"
+			}
+			b.WriteString("[[service.backend]]\naddress = \"" + strings.TrimSuffix(addr, ":80") + "\"\nport = 80\nweight = " + weight + "\n")
+		}
+		b.WriteString("[[service]]\nname = \"dns\"\nvip = \"10.0.0.10\"\nport = 53\nprotocol = \"udp\"\n[[service.backend]]\naddress = \"10.1.0.11\"\n")
+		return b.String()
+	}
+	dir := t.TempDir()
+	oldPath, newPath := filepath.Join(dir, "old.toml"), filepath.Join(dir, "new.toml")
+	oldBackends := []string{"10.1.0.11:80", "10.1.0.12:80", "10.1.0.13:80", "10.1.0.14:80"}
+	newBackends := []string{"10.1.0.11:80", "10.1.0.12:80@3", "10.1.0.14:80", "10.1.0.15:80"}
+	if err := os.WriteFile(oldPath, []byte(doc("", oldBackends...)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(newPath, []byte(doc("max_flow_move = 0.25", newBackends...)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	out, _, err := run(t, "config", "diff", "-o", "json", oldPath, newPath)
+	var ee *exitError
+	if !errors.As(err, &ee) || ee.code != 1 {
+		t.Fatalf("a change over max_flow_move: error %v, want exit 1", err)
+	}
+	var d struct {
+		Refused  []string `json:"refused"`
+		Services []struct {
+			Name       string   `json:"name"`
+			Status     string   `json:"status"`
+			Added      []string `json:"added"`
+			Removed    []string `json:"removed"`
+			Reweighted []struct {
+				Backend, Old, New string
+			} `json:"reweighted"`
+			MovedFlows float64 `json:"moved_flows"`
+		} `json:"services"`
+	}
+	if err := json.Unmarshal([]byte(out), &d); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if len(d.Services) != 2 || d.Services[0].Name != "dns" || d.Services[0].Status != "unchanged" || d.Services[0].MovedFlows != 0 {
+		t.Fatalf("services %+v, want dns unchanged first", d.Services)
+	}
+	web := d.Services[1]
+	if web.Status != "changed" || !slices.Equal(web.Added, []string{"10.1.0.15:80"}) || !slices.Equal(web.Removed, []string{"10.1.0.13:80"}) ||
+		len(web.Reweighted) != 1 || web.Reweighted[0].Backend != "10.1.0.12:80" || web.Reweighted[0].Old != "1" || web.Reweighted[0].New != "3" {
+		t.Errorf("web: %+v", web)
+	}
+
+	// The oracle: the two tables as `maglev table` prints them.
+	table := func(backends []string) []string {
+		out, _, err := run(t, append([]string{"maglev", "table", "--seed", seed, "--size", "1021", "-o", "json"}, backends...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var tb struct {
+			Backends []string `json:"backends"`
+			Table    []int    `json:"table"`
+		}
+		if err := json.Unmarshal([]byte(out), &tb); err != nil {
+			t.Fatal(err)
+		}
+		owners := make([]string, len(tb.Table))
+		for i, j := range tb.Table {
+			owners[i] = tb.Backends[j]
+		}
+		return owners
+	}
+	before, after := table(oldBackends), table(newBackends)
+	moved := 0
+	for i := range before {
+		if before[i] != after[i] {
+			moved++
+		}
+	}
+	want := float64(moved) / float64(len(before))
+	t.Logf("web: %d of %d slots change owner (%.2f%%); config diff says %.2f%%", moved, len(before), 100*want, 100*web.MovedFlows)
+	if web.MovedFlows != want {
+		t.Errorf("moved_flows %v, want %v", web.MovedFlows, want)
+	}
+	if want <= 0.25 || len(d.Refused) != 1 || !strings.Contains(d.Refused[0], `service "web" would move`) {
+		t.Errorf("refused %q for a share of %v over max_flow_move = 0.25", d.Refused, want)
+	}
+
+	// The table form says the same.
+	text, _, _ := run(t, "config", "diff", oldPath, newPath)
+	for _, w := range []string{"+10.1.0.15:80", "-10.1.0.13:80", "10.1.0.12:80 weight 1→3", "REFUSED by daemon.max_flow_move = 0.25"} {
+		if !strings.Contains(text, w) {
+			t.Errorf("table output lacks %q:\n%s", w, text)
+		}
+	}
+}

@@ -77,7 +77,7 @@ func root() *cobra.Command {
 	cmd.Flags().BoolVar(&dev, "dev", false, "allow a config without maglev.hash_seed (demos and tests on one box only)")
 	cmd.Flags().BoolVar(&cleanup, "cleanup", false, "detach the datapath, remove its pins, managed neighbours, the admin socket and the runtime overrides, print what was removed, then exit; refused while l4lbd runs")
 	cmd.Flags().BoolVar(&force, "force", false, "with --cleanup: clean up even while an l4lbd runs (it loses its datapath)")
-	cmd.AddCommand(backendCmd(), clidoc.Command(cmd, "L4LBD"))
+	cmd.AddCommand(backendCmd(), clidoc.Command(cmd))
 	return cmd
 }
 

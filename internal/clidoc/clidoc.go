@@ -15,8 +15,10 @@ import (
 
 // Command is a hidden `gendoc DIR` subcommand of root that writes one man
 // page per command of root (section 8: both programs administer the box)
-// into DIR.
-func Command(root *cobra.Command, title string) *cobra.Command {
+// into DIR, each titled after its command (L4LBCTL-CONFIG-DIFF). The
+// pages are dated SOURCE_DATE_EPOCH when set, so a package build is
+// reproducible.
+func Command(root *cobra.Command) *cobra.Command {
 	return &cobra.Command{
 		Use:    "gendoc DIR",
 		Short:  "write the man pages of every command into DIR (packaging)",
@@ -27,7 +29,7 @@ func Command(root *cobra.Command, title string) *cobra.Command {
 				return err
 			}
 			root.DisableAutoGenTag = true
-			hdr := &doc.GenManHeader{Title: title, Section: "8", Source: "l4lb", Manual: "l4lb manual"}
+			hdr := &doc.GenManHeader{Section: "8", Source: "l4lb", Manual: "l4lb manual"}
 			if err := doc.GenManTree(root, hdr, args[0]); err != nil {
 				return fmt.Errorf("write man pages: %w", err)
 			}
