@@ -106,7 +106,11 @@ func printCheck(out, errOut io.Writer, asJSON bool, file string, host *config.Ho
 	}
 	if err != nil {
 		fmt.Fprintln(errOut, list.Error())
-		return &exitError{code: 1, err: fmt.Errorf("%s: configuration is invalid (%d errors)", file, len(list))}
+		n := fmt.Sprintf("%d errors", len(list))
+		if len(list) == 1 {
+			n = "1 error"
+		}
+		return &exitError{code: 1, err: fmt.Errorf("%s: configuration is invalid (%s)", file, n)}
 	}
 	fmt.Fprintf(out, "%s: valid (%d services)\n", file, len(cfg.Services))
 	if mem := cfg.MapMemory; mem.Total > 0 {

@@ -3,6 +3,7 @@
 package config
 
 import (
+	"errors"
 	"fmt"
 	"io/fs"
 	"net/netip"
@@ -66,7 +67,16 @@ func (c *checker) host(raw *rawFile, cfg *Config, h *Host) {
 		}
 	}
 	if h.PinPath != nil {
-		if err := h.PinPath(cfg.Daemon.BPFFS); err != nil {
+		switch err := h.PinPath(cfg.Daemon.BPFFS); {
+		case errors.Is(err, fs.ErrPermission):
+			// /sys/fs/bpf is root's (0700): an operator checking a
+			// file as themselves cannot see into it.
+			line := c.line("daemon.bpffs")
+			if line == 0 {
+				line = c.line("daemon")
+			}
+			c.warn(line, "daemon.bpffs %s could not be checked as this user (%v): run config check as root to check it", cfg.Daemon.BPFFS, err)
+		case err != nil:
 			ds.errorf("bpffs", "daemon.bpffs: %v", err)
 		}
 	}

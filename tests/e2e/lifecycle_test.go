@@ -730,3 +730,53 @@ func TestConfigDiffAndFlowGuard(t *testing.T) {
 		t.Errorf("%.1f%% of flows moved, config diff predicted %.1f%%", 100*share, 100*web4)
 	}
 }
+
+// TestConfigCheckAsUser: an operator checking a file as themselves, who
+// cannot see into a root-only bpffs directory, gets a warning for that
+// check and the verdict of all the others, not a permission error.
+func TestConfigCheckAsUser(t *testing.T) {
+	root, err := os.MkdirTemp("/sys/fs/bpf", "l4lb-e2e-private-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(root)
+	if err := os.Chmod(root, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	// A directory the user can read, for the file.
+	dir, err := os.MkdirTemp("", "l4lb-e2e-user-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "l4lb.toml")
+	cfg := strings.NewReplacer("{{socket}}", filepath.Join(dir, "l4lb.sock"), "{{bpffs}}", filepath.Join(root, "l4lb")).Replace(oneBackendConfig())
+	if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	check := func(args ...string) (string, error) {
+		cmd := exec.Command(filepath.Join(bin, "l4lbctl"), append([]string{"config", "check"}, args...)...)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	// The binary must be reachable for the user too.
+	if err := os.Chmod(bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	out, err := check(path)
+	if err != nil || !strings.Contains(out, "valid (4 services)") || !strings.Contains(out, "could not be checked as this user") {
+		t.Errorf("config check as nobody: %v\n%s", err, out)
+	}
+	// Errors the user can see still fail the check.
+	bad := filepath.Join(dir, "bad.toml")
+	if err := os.WriteFile(bad, []byte(strings.Replace(cfg, `protocol = "tcp"`, `protocol = "sctp"`, 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := check(bad); err == nil || !strings.Contains(out, `unknown protocol "sctp"`) {
+		t.Errorf("config check of a bad file as nobody: %v\n%s", err, out)
+	}
+}
