@@ -3,6 +3,7 @@
 package e2e
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -327,6 +328,20 @@ func TestConfigNotARegularFile(t *testing.T) {
 		t.Fatalf("SIGTERM with a FIFO as the config: %v\n%s", err, d.Log())
 	}
 	t.Logf("stopped %s after SIGTERM", time.Since(start).Round(time.Millisecond))
+
+	// Nor does a FIFO or a device hang a start or a check: both refuse
+	// it at once (runToExit fails the test if l4lbd does not exit).
+	for _, path := range []string{d.Config, "/dev/zero"} {
+		if log, err := runToExit(t, tp.LBs[0], "--config", path); err == nil || !strings.Contains(log, "is not a regular file") {
+			t.Errorf("l4lbd --config %s: %v\n%s", path, err, log)
+		}
+		ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		out, err := exec.CommandContext(ctx, filepath.Join(bin, "l4lbctl"), "config", "check", path).CombinedOutput()
+		cancel()
+		if err == nil || !strings.Contains(string(out), "is not a regular file") {
+			t.Errorf("config check %s: %v\n%s", path, err, out)
+		}
+	}
 	os.Remove(d.Config)
 	d.WriteConfig(oneBackendConfig())
 }
