@@ -19,11 +19,13 @@
 #include "include/config.h"
 #include "include/conntrack.h"
 #include "include/encap.h"
+#include "include/filter.h"
 #include "include/forward.h"
 #include "include/hook.h"
 #include "include/icmp.h"
 #include "include/ipopt.h"
 #include "include/maps.h"
+#include "include/nexthop.h"
 #include "include/parse.h"
 #include "include/snat.h"
 #include "include/srcrange.h"
@@ -85,7 +87,8 @@ static __always_inline int dsr_encap(const struct hook *h, const struct packet *
 	int r;
 
 	encap_source(p->family, sel->hash, src);
-	r = route_lookup(h, p->family, src, sel->be->addr, p->l3_len + hdr, segment_len(h, p, hdr), &rt);
+	r = route_to_backend(h, p->family, src, sel->backend_id, sel->be->addr, sel->hash, p->l3_len + hdr,
+			  segment_len(h, p, hdr), &rt);
 	if (r == L4LB_R_DROP_FRAG_NEEDED)
 		return frag_needed(h, rt.mtu, hdr, tb, reason);
 	if (r >= 0)
@@ -114,7 +117,8 @@ static __always_inline int dsr_opt(const struct hook *h, const struct packet *p,
 	r = opt_room(h, p, len);
 	if (r >= 0)
 		goto drop;
-	r = route_lookup(h, p->family, p->key.src, sel->be->addr, p->l3_len + len, segment_len(h, p, len), &rt);
+	r = route_to_backend(h, p->family, p->key.src, sel->backend_id, sel->be->addr, sel->hash, p->l3_len + len,
+			  segment_len(h, p, len), &rt);
 	if (r == L4LB_R_DROP_FRAG_NEEDED)
 		return frag_needed(h, rt.mtu, len, tb, reason);
 	if (r >= 0)
@@ -128,15 +132,16 @@ drop:
 	return hook_drop(h);
 }
 
-/* Dispatch a DSR packet to sel's backend the way the service says; tb is
- * filled when the packet is too big (reason drop_frag_needed). */
-static __always_inline int dsr_dispatch(const struct hook *h, const struct svc_value *svc,
+/* Dispatch a DSR packet to sel's backend the way the service says
+ * (enum l4lb_dispatch); tb is filled when the packet is too big (reason
+ * drop_frag_needed). */
+static __always_inline int dsr_dispatch(const struct hook *h, __u32 dispatch,
 					const struct packet *p, const struct selection *sel,
 					struct too_big *tb, int *reason)
 {
-	if (svc->dispatch == L4LB_DISPATCH_GENEVE)
+	if (dispatch == L4LB_DISPATCH_GENEVE)
 		return dsr_encap(h, p, tb, sel, reason, 1);
-	if (svc->dispatch == L4LB_DISPATCH_OPT)
+	if (dispatch == L4LB_DISPATCH_OPT)
 		return dsr_opt(h, p, tb, sel, reason);
 	return dsr_encap(h, p, tb, sel, reason, 0);
 }
@@ -158,12 +163,12 @@ static __always_inline int icmp_to_dsr_backend(const struct hook *h, const struc
 	struct route rt;
 	int r;
 
-	r = select_backend(p, svc, &sel, 0);
+	r = select_backend(p, svc, &sel, 0, bpf_map_lookup_elem(&conntrack, &p->key));
 	if (r >= 0)
 		goto drop;
 	if (svc->dispatch != L4LB_DISPATCH_OPT)
-		return dsr_dispatch(h, svc, p, &sel, &tb, reason);
-	r = route_lookup(h, p->family, p->key.dst, sel.be->addr, p->l3_len, p->l3_len, &rt);
+		return dsr_dispatch(h, svc->dispatch, p, &sel, &tb, reason);
+	r = route_to_backend(h, p->family, p->key.dst, sel.backend_id, sel.be->addr, sel.hash, p->l3_len, p->l3_len, &rt);
 	if (r >= 0)
 		goto drop;
 	r = icmp_rewrite(h, p, q, NULL, sel.be->addr, sel.be->addr, sel.be->port, NULL, q->key.dport, 0);
@@ -217,6 +222,8 @@ static __always_inline int icmp_to_snat_backend(const struct hook *h, const stru
 
 	s = bpf_map_lookup_elem(&snat_scratch, &zero);
 	fwd = bpf_map_lookup_elem(&snat_fwd, &p->key);
+	if (!fwd)
+		fwd = bpf_map_lookup_elem(&snat_fwd_ovf, &p->key);
 	if (!s || !fwd) {
 		*reason = L4LB_R_PASS_NOT_SERVICE;
 		return hook_pass(h);
@@ -244,6 +251,8 @@ static __always_inline int icmp_to_snat_client(const struct hook *h, const struc
 		goto pass;
 	snat_reply_key(&s->rk, p);
 	rv = bpf_map_lookup_elem(&snat_rev, &s->rk);
+	if (!rv)
+		rv = bpf_map_lookup_elem(&snat_rev_ovf, &s->rk);
 	if (!rv)
 		goto pass;
 	s->rv = *rv;
@@ -332,15 +341,26 @@ struct icmp_todo {
 	__u32 pad;
 };
 
+/* A TCP/UDP packet to no frontend: maybe a backend's reply to a SNAT flow. */
+static __always_inline int not_frontend(const struct hook *h, const struct packet *p)
+{
+	if (snat_is_ours(p))
+		return snat_reply(h, p, segment_len(h, p, 0));
+	count_reason(L4LB_R_PASS_NOT_SERVICE, p->l3_len);
+	return hook_pass(h);
+}
+
 static __always_inline int lb_process(const struct hook *h, struct icmp_todo *todo)
 {
 	struct packet *p = &todo->p;
 	struct svc_key sk = {};
 	struct selection sel;
 	struct svc_value *svc;
+	struct ct_value *ct;
 	struct too_big tb = {};
 	void *data, *data_end;
 	int reason = -1, verdict, r;
+	__u32 svc_id, mode, dispatch, word;
 
 	hook_pull(h, PARSE_PULL);
 	data = hook_data(h);
@@ -357,16 +377,37 @@ static __always_inline int lb_process(const struct hook *h, struct icmp_todo *to
 		count_reason(r, data_end - data);
 		return hook_pass(h);
 	}
+	if (!vip_maybe(&p->key))
+		return not_frontend(h, p);
+
+	/*
+	 * The established fast path: a flow the connection table knows,
+	 * whose service has not changed since (ct_established), is forwarded
+	 * by its entry alone. Anything else takes the full path below.
+	 */
+	ct = bpf_map_lookup_elem(&conntrack, &p->key);
+	if (ct && !p->vlan) {
+		sel.be = ct_established(ct, &word);
+		if (sel.be) {
+			mode = L4LB_WORD_MODE(word);
+			dispatch = L4LB_WORD_DISPATCH(word);
+			svc_id = ct->svc_id;
+			if (mode == L4LB_MODE_SNAT && snat_ttl_expired(h, p)) {
+				count_reason(L4LB_R_PASS_TTL_EXCEEDED, p->l3_len);
+				return hook_pass(h);
+			}
+			ct_touch(ct, bpf_ktime_get_coarse_ns());
+			sel.backend_id = ct->backend_id;
+			sel.hash = ct->hash;
+			sel.new_flow = 0;
+			goto forward;
+		}
+	}
 
 	svc_key_of(&sk, &p->key);
 	svc = bpf_map_lookup_elem(&services, &sk);
-	if (!svc) {
-		/* Maybe a backend's reply to a SNAT flow. */
-		if (snat_is_ours(p))
-			return snat_reply(h, p, segment_len(h, p, 0));
-		count_reason(L4LB_R_PASS_NOT_SERVICE, p->l3_len);
-		return hook_pass(h);
-	}
+	if (!svc)
+		return not_frontend(h, p);
 	if ((svc->flags & L4LB_SVC_SOURCE_RANGES) && !source_allowed(svc->id, p->key.src)) {
 		count_reason(L4LB_R_DROP_SOURCE_RANGE, p->l3_len);
 		return hook_drop(h);
@@ -384,15 +425,19 @@ static __always_inline int lb_process(const struct hook *h, struct icmp_todo *to
 		return hook_pass(h);
 	}
 
-	r = select_backend(p, svc, &sel, 1);
+	r = select_backend(p, svc, &sel, 1, ct);
 	if (r >= 0) {
 		count_reason(r, p->l3_len);
 		return hook_drop(h);
 	}
+	mode = svc->mode;
+	dispatch = svc->dispatch;
+	svc_id = svc->id;
 
-	switch (svc->mode) {
+forward:
+	switch (mode) {
 	case L4LB_MODE_DSR:
-		verdict = dsr_dispatch(h, svc, p, &sel, &tb, &reason);
+		verdict = dsr_dispatch(h, dispatch, p, &sel, &tb, &reason);
 		if (unlikely(reason == L4LB_R_DROP_FRAG_NEEDED)) {
 			/* Not forwarded; counted by the ICMP path. */
 			todo->mtu = tb.mtu;
@@ -402,7 +447,7 @@ static __always_inline int lb_process(const struct hook *h, struct icmp_todo *to
 		}
 		break;
 	case L4LB_MODE_SNAT:
-		verdict = snat_forward(h, p, &sel, svc->id, segment_len(h, p, 0), &reason);
+		verdict = snat_forward(h, p, &sel, svc_id, segment_len(h, p, 0), &reason);
 		break;
 	default:
 		/* The control plane never programs a mode this object lacks. */
@@ -413,7 +458,7 @@ static __always_inline int lb_process(const struct hook *h, struct icmp_todo *to
 	if (reason >= 0)
 		count_reason(reason, p->l3_len);
 	if (verdict != hook_drop(h))
-		count_forward(svc->id, sel.backend_id, p->l3_len, sel.new_flow);
+		count_forward(svc_id, sel.backend_id, p->l3_len, sel.new_flow);
 	return verdict;
 }
 
@@ -565,7 +610,7 @@ int l4lb_hc(struct __sk_buff *skb)
 	sel.backend_id = id;
 	sel.hash = (__u32)flow_hash(&p.key);
 	/* A probe too big for the path is dropped: the probe is the LB's own. */
-	verdict = dsr_dispatch(&h, svc, &p, &sel, &tb, &reason);
+	verdict = dsr_dispatch(&h, svc->dispatch, &p, &sel, &tb, &reason);
 	if (reason >= 0)
 		count_reason(reason, p.l3_len);
 	return verdict;

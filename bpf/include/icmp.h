@@ -43,6 +43,7 @@
 #include "hook.h"
 #include "maps.h"
 #include "parse.h"
+#include "ratelimit.h"
 
 #ifndef IPPROTO_ICMPV6
 #define IPPROTO_ICMPV6 58
@@ -76,21 +77,7 @@
 /* A token for one ICMP message from this CPU's bucket; 0 when over the limit. */
 static __always_inline int icmp_allow(void)
 {
-	struct icmp_bucket *b;
-	__u32 zero = 0;
-	__u64 now, tat;
-
-	b = bpf_map_lookup_elem(&icmp_buckets, &zero);
-	if (!b)
-		return 0;
-	now = bpf_ktime_get_coarse_ns();
-	tat = b->tat;
-	if (tat < now)
-		tat = now;
-	if (tat - now > cfg_icmp_burst_ns)
-		return 0;
-	b->tat = tat + cfg_icmp_interval_ns;
-	return 1;
+	return gcra_allow(&icmp_buckets, bpf_ktime_get_coarse_ns(), cfg_icmp_interval_ns, cfg_icmp_burst_ns);
 }
 
 /*

@@ -85,6 +85,8 @@ const (
 	defaultAffinityTimeout = 3 * time.Hour
 	defaultICMPRateLimit   = 100
 	maxICMPRateLimit       = 1_000_000 // the datapath's limit
+	defaultFlowInsertRate  = 50_000
+	maxFlowInsertRate      = 100_000_000
 	defaultHealthInterval  = 5 * time.Second
 	defaultHealthTimeout   = 2 * time.Second
 	defaultHealthRise      = 2
@@ -221,6 +223,11 @@ type Datapath struct {
 	// messages each CPU may send per second to clients whose packets are
 	// too big for the path to a backend; 0 sends none.
 	ICMPRateLimit uint32
+	// FlowInsertRate is how many new flows per second each CPU records
+	// in the connection table (and in the main SNAT tables); above it a
+	// DSR flow goes by Maglev alone and a SNAT binding to the overflow
+	// tables, so that floods cannot evict established flows. 0: no limit.
+	FlowInsertRate uint32
 }
 
 // SNATTimeouts are how long a SNAT binding may stay idle before its port
@@ -296,18 +303,19 @@ func Default() *Config {
 			LogLevel:      slog.LevelInfo,
 		},
 		Datapath: Datapath{
-			Attach:        AttachXDP,
-			XDPMode:       XDPAuto,
-			Mode:          lb.ModeSNAT,
-			Dispatch:      lb.DispatchIPIP,
-			SNATPortMin:   defaultSNATPortMin,
-			SNATPortMax:   defaultSNATPortMax,
-			ConntrackMax:  defaultConntrackMax,
-			MaxServices:   defaultMaxServices,
-			MaxBackends:   defaultMaxBackends,
-			SNATMax:       defaultSNATMax,
-			SNATTimeouts:  SNATTimeouts{TCP: defaultSNATTCP, TCPClosing: defaultSNATTCPClosing, UDP: defaultSNATUDP},
-			ICMPRateLimit: defaultICMPRateLimit,
+			Attach:         AttachXDP,
+			XDPMode:        XDPAuto,
+			Mode:           lb.ModeSNAT,
+			Dispatch:       lb.DispatchIPIP,
+			SNATPortMin:    defaultSNATPortMin,
+			SNATPortMax:    defaultSNATPortMax,
+			ConntrackMax:   defaultConntrackMax,
+			MaxServices:    defaultMaxServices,
+			MaxBackends:    defaultMaxBackends,
+			SNATMax:        defaultSNATMax,
+			SNATTimeouts:   SNATTimeouts{TCP: defaultSNATTCP, TCPClosing: defaultSNATTCPClosing, UDP: defaultSNATUDP},
+			ICMPRateLimit:  defaultICMPRateLimit,
+			FlowInsertRate: defaultFlowInsertRate,
 		},
 		Maglev: Maglev{TableSize: defaultTableSize},
 	}

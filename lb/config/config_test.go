@@ -86,6 +86,7 @@ max_services = 10
 max_backends = 20
 snat_max = 4096
 icmp_rate_limit = 0
+flow_insert_rate = 1000
 [datapath.snat_timeouts]
 tcp = "1h"
 tcp_closing = "1s"
@@ -103,20 +104,21 @@ table_size = 251
 					LogLevel:      slog.LevelDebug,
 				}
 				c.Datapath = Datapath{
-					Interfaces:    []string{"eth0", "eth1"},
-					Attach:        AttachTC,
-					XDPMode:       XDPAuto,
-					Mode:          lb.ModeHybrid,
-					Dispatch:      lb.DispatchGeneve,
-					SNATAddresses: []netip.Addr{addr("10.1.0.1"), addr("2001:db8:1::1")},
-					SNATPortMin:   40000,
-					SNATPortMax:   50000,
-					ConntrackMax:  2048,
-					MaxServices:   10,
-					MaxBackends:   20,
-					SNATMax:       4096,
-					SNATTimeouts:  SNATTimeouts{TCP: time.Hour, TCPClosing: time.Second, UDP: 90 * time.Second},
-					ICMPRateLimit: 0, // 0 is a value (send none), not "unset"
+					Interfaces:     []string{"eth0", "eth1"},
+					Attach:         AttachTC,
+					XDPMode:        XDPAuto,
+					Mode:           lb.ModeHybrid,
+					Dispatch:       lb.DispatchGeneve,
+					SNATAddresses:  []netip.Addr{addr("10.1.0.1"), addr("2001:db8:1::1")},
+					SNATPortMin:    40000,
+					SNATPortMax:    50000,
+					ConntrackMax:   2048,
+					MaxServices:    10,
+					MaxBackends:    20,
+					SNATMax:        4096,
+					SNATTimeouts:   SNATTimeouts{TCP: time.Hour, TCPClosing: time.Second, UDP: 90 * time.Second},
+					ICMPRateLimit:  0, // 0 is a value (send none), not "unset"
+					FlowInsertRate: 1000,
 				}
 				c.Maglev.TableSize = 251
 				return c

@@ -31,19 +31,20 @@ type rawDaemon struct {
 }
 
 type rawDatapath struct {
-	Interfaces    any `toml:"interfaces"`
-	Attach        any `toml:"attach"`
-	XDPMode       any `toml:"xdp_mode"`
-	Mode          any `toml:"mode"`
-	DSRDispatch   any `toml:"dsr_dispatch"`
-	SNATAddresses any `toml:"snat_addresses"`
-	SNATPortRange any `toml:"snat_port_range"`
-	ConntrackMax  any `toml:"conntrack_max"`
-	MaxServices   any `toml:"max_services"`
-	MaxBackends   any `toml:"max_backends"`
-	SNATMax       any `toml:"snat_max"`
-	DrainTimeout  any `toml:"drain_timeout"`
-	ICMPRateLimit any `toml:"icmp_rate_limit"`
+	Interfaces     any `toml:"interfaces"`
+	Attach         any `toml:"attach"`
+	XDPMode        any `toml:"xdp_mode"`
+	Mode           any `toml:"mode"`
+	DSRDispatch    any `toml:"dsr_dispatch"`
+	SNATAddresses  any `toml:"snat_addresses"`
+	SNATPortRange  any `toml:"snat_port_range"`
+	ConntrackMax   any `toml:"conntrack_max"`
+	MaxServices    any `toml:"max_services"`
+	MaxBackends    any `toml:"max_backends"`
+	SNATMax        any `toml:"snat_max"`
+	DrainTimeout   any `toml:"drain_timeout"`
+	ICMPRateLimit  any `toml:"icmp_rate_limit"`
+	FlowInsertRate any `toml:"flow_insert_rate"`
 	// SNATTimeouts is [datapath.snat_timeouts].
 	SNATTimeouts *rawSNATTimeouts `toml:"snat_timeouts"`
 }

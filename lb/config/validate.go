@@ -310,6 +310,10 @@ func (c *checker) datapath(r *rawDatapath, d *Datapath) {
 		fmt.Sprintf("use 0 (send none) to %d messages per second per CPU (default %d)", maxICMPRateLimit, defaultICMPRateLimit)); ok {
 		d.ICMPRateLimit = uint32(n)
 	}
+	if n, ok := s.intIn("flow_insert_rate", r.FlowInsertRate, 0, maxFlowInsertRate,
+		fmt.Sprintf("use 0 (no limit) to %d new flows per second per CPU (default %d)", maxFlowInsertRate, defaultFlowInsertRate)); ok {
+		d.FlowInsertRate = uint32(n)
+	}
 }
 
 // snatTimeouts validates [datapath.snat_timeouts]. Below a second a

@@ -175,6 +175,7 @@ func datapathConfig(cfg *config.Config, log *slog.Logger) datapath.Config {
 		SNATPortMax:    cfg.Datapath.SNATPortMax,
 		SNATMax:        cfg.Datapath.SNATMax,
 		ICMPRateLimit:  cfg.Datapath.ICMPRateLimit,
+		FlowInsertRate: cfg.Datapath.FlowInsertRate,
 		SNATTimeouts: datapath.SNATTimeouts{
 			TCP:        cfg.Datapath.SNATTimeouts.TCP,
 			TCPClosing: cfg.Datapath.SNATTimeouts.TCPClosing,
@@ -248,6 +249,11 @@ func (d *Daemon) Run(ctx context.Context) error {
 
 	if err := d.attach(cfg); err != nil {
 		return err
+	}
+	// Every interface runs this version's programs now: maps an earlier
+	// version pinned under old layouts can go.
+	if err := d.dp.Retire(); err != nil {
+		d.log.Error("could not finish moving pinned maps to their new layout; the old ones stay pinned", "error", err)
 	}
 
 	ctx, cancel := context.WithCancel(ctx)
@@ -549,6 +555,7 @@ func keepRunning(running, cur *config.Config) []string {
 	diff("datapath.snat_timeouts.tcp_closing", r.SNATTimeouts.TCPClosing != c.SNATTimeouts.TCPClosing)
 	diff("datapath.snat_timeouts.udp", r.SNATTimeouts.UDP != c.SNATTimeouts.UDP)
 	diff("datapath.icmp_rate_limit", r.ICMPRateLimit != c.ICMPRateLimit)
+	diff("datapath.flow_insert_rate", r.FlowInsertRate != c.FlowInsertRate)
 	// What a reload does apply: the service defaults.
 	r.Mode, r.Dispatch, r.DrainTimeout = c.Mode, c.Dispatch, c.DrainTimeout
 	cur.Datapath = r

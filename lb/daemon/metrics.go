@@ -58,6 +58,13 @@ func (d *Daemon) Snapshot() metrics.Snapshot {
 		} else {
 			snap.Errors = append(snap.Errors, err)
 		}
+		if evs, err := d.dp.Events(); err == nil {
+			for _, name := range d.dp.EventNames() {
+				snap.Events = append(snap.Events, metrics.Event{Name: name, Count: evs[name]})
+			}
+		} else {
+			snap.Errors = append(snap.Errors, err)
+		}
 		if n, err := d.dp.ConntrackEntriesWithin(countMaxAge); err == nil {
 			snap.Conntrack = &metrics.Table{Entries: uint64(n), Capacity: uint64(d.dp.ConntrackCapacity())}
 		} else {

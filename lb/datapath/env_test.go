@@ -171,6 +171,7 @@ func newEnvWith(t testing.TB, o envOptions) *env {
 		SNATPortMax:   o.snatPortMax,
 		SNATTimeouts:  o.snatTimeouts,
 		ICMPRateLimit: o.icmpRate,
+		Netns:         ns.Handle(),
 		Log:           slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	})
 	if err != nil {

@@ -16,6 +16,7 @@ const (
 	labelFrontend = "frontend"
 	labelBackend  = "backend"
 	labelReason   = "reason"
+	labelEvent    = "event"
 	labelMap      = "map"
 	labelSource   = "source"
 	labelState    = "state"
@@ -63,6 +64,9 @@ var (
 	descReasonPackets = prometheus.NewDesc("l4lb_datapath_packets_total",
 		"Packets the datapath did not forward to a backend, by what it did instead (pass_*: handed to the kernel stack, drop_*: dropped).",
 		[]string{labelReason}, nil)
+	descEvents = prometheus.NewDesc("l4lb_datapath_events_total",
+		"Things the datapath did besides a packet's verdict: next hops asked of bpf_fib_lookup (fib_fallback), new flows left unrecorded over datapath.flow_insert_rate (ct_insert_limited), SNAT bindings made in or promoted from the overflow tables.",
+		[]string{labelEvent}, nil)
 	descReasonBytes = prometheus.NewDesc("l4lb_datapath_bytes_total",
 		"Bytes (L3 length; whole frame for non-IP) of the packets counted in l4lb_datapath_packets_total, by reason.",
 		[]string{labelReason}, nil)
@@ -104,7 +108,7 @@ var allDescs = []*prometheus.Desc{
 	descServiceInfo, descServicePackets, descServiceBytes, descServiceNewFlows,
 	descBackendPackets, descBackendBytes, descBackendNewFlows, descBackendWeight,
 	descBackendAdminState, descBackendOverride, descBackendHealth,
-	descReasonPackets, descReasonBytes,
+	descReasonPackets, descReasonBytes, descEvents,
 	descConntrackEntries, descConntrackCapacity, descSNATEntries, descSNATCapacity,
 	descMapEntries, descMapCapacity,
 	descDiscoverySync, descDiscoveryServices, descConflicting, descRefused,
@@ -161,6 +165,15 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		seenReason[r.Name] = true
 		e.counter(descReasonPackets, r.Packets, r.Name)
 		e.counter(descReasonBytes, r.Bytes, r.Name)
+	}
+
+	seenEvent := make(map[string]bool, len(s.Events))
+	for _, ev := range s.Events {
+		if seenEvent[ev.Name] {
+			continue
+		}
+		seenEvent[ev.Name] = true
+		e.counter(descEvents, ev.Count, ev.Name)
 	}
 
 	if t := s.Conntrack; t != nil {

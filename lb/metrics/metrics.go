@@ -53,6 +53,9 @@ type Snapshot struct {
 	// Reasons count the packets the datapath did not forward to a backend,
 	// by what it did instead (names like "drop_no_backend", "pass_fragment").
 	Reasons []Reason
+	// Events count what the datapath did besides a packet's verdict
+	// ("fib_fallback", "ct_insert_limited", "snat_overflow", ...).
+	Events []Event
 	// Conntrack is the connection table; nil before the datapath is loaded.
 	Conntrack *Table
 	// SNAT is the source-NAT port pool; nil when the datapath has none.
@@ -74,6 +77,12 @@ type Snapshot struct {
 	// not be read). Each fails its part of the scrape: the HTTP handler
 	// logs it and serves the rest.
 	Errors []error
+}
+
+// Event is one datapath event counter.
+type Event struct {
+	Name  string
+	Count uint64
 }
 
 // Service is one served service.
