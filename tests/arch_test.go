@@ -83,6 +83,7 @@ func TestDependencyEdges(t *testing.T) {
 	onlyStdAnd("/lb")
 	onlyStdAnd("/lb/maglev", "/lb")
 	onlyStdAnd("/lb/reconciler", "/lb", "/lb/maglev")
+	onlyStdAnd("/lb/change", "/lb", "/lb/maglev")
 	onlyStdAnd("/discovery", "/lb")
 
 	kernel := []string{"github.com/cilium/ebpf", "github.com/vishvananda/netlink", "github.com/vishvananda/netns"}

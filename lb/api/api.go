@@ -23,13 +23,17 @@ type Status struct {
 	// will not agree on backends.
 	DevSeed bool `json:"dev_seed"`
 	// SeedFingerprint identifies the hash seed without revealing it.
-	SeedFingerprint string      `json:"seed_fingerprint"`
-	LastReload      Reload      `json:"last_reload"`
-	Interfaces      []Interface `json:"interfaces"`
-	Services        int         `json:"services"`
-	Backends        int         `json:"backends"`
-	Conflicts       []string    `json:"conflicts,omitempty"`
-	Rejected        []string    `json:"rejected,omitempty"`
+	SeedFingerprint string `json:"seed_fingerprint"`
+	LastReload      Reload `json:"last_reload"`
+	// PendingRestart names the settings of the configuration in force
+	// (e.g. "maglev.hash_seed") whose new value applies only after l4lbd
+	// restarts; they keep their running values until then.
+	PendingRestart []string    `json:"pending_restart,omitempty"`
+	Interfaces     []Interface `json:"interfaces"`
+	Services       int         `json:"services"`
+	Backends       int         `json:"backends"`
+	Conflicts      []string    `json:"conflicts,omitempty"`
+	Rejected       []string    `json:"rejected,omitempty"`
 	// HealthWarnings name services whose checks all fail and are ignored
 	// (fail open).
 	HealthWarnings []string `json:"health_warnings,omitempty"`
@@ -156,6 +160,54 @@ type Lookup struct {
 	// Conntrack is set when the flow is in the connection table: the
 	// datapath follows it rather than the table.
 	Conntrack string `json:"conntrack,omitempty"`
+}
+
+// ConfigDiffRequest asks what a configuration file would change (POST
+// /v1/config/diff): its name (for errors) and content.
+type ConfigDiffRequest struct {
+	Name    string `json:"name"`
+	Content string `json:"content"`
+}
+
+// ConfigDiff is what loading a configuration would change, per service,
+// before anything is applied (`l4lbctl config diff`).
+type ConfigDiff struct {
+	// Old and New name the two sides: "running" for the daemon's state,
+	// or file names.
+	Old string `json:"old"`
+	New string `json:"new"`
+	// PendingRestart are settings that would change only at a restart
+	// (against the running daemon).
+	PendingRestart []string `json:"pending_restart,omitempty"`
+	// MaxFlowMove is the new file's daemon.max_flow_move (0: no guard);
+	// Refused names the services over it, which make a reload fail.
+	MaxFlowMove float64         `json:"max_flow_move,omitempty"`
+	Refused     []string        `json:"refused,omitempty"`
+	Services    []ServiceChange `json:"services"`
+}
+
+// ServiceChange is what a change does to one service.
+type ServiceChange struct {
+	Name string `json:"name"`
+	// Status is "added", "removed", "changed" or "unchanged".
+	Status     string          `json:"status"`
+	Added      []string        `json:"added,omitempty"`
+	Removed    []string        `json:"removed,omitempty"`
+	Reweighted []BackendChange `json:"reweighted,omitempty"`
+	Restated   []BackendChange `json:"restated,omitempty"`
+	// Other names changed settings besides the backends.
+	Other []string `json:"other,omitempty"`
+	// MovedFlows is the share (0..1) of the service's flows whose
+	// backend would change: Maglev slots changing owner, computed as
+	// l4lbd builds its tables.
+	MovedFlows float64 `json:"moved_flows"`
+}
+
+// BackendChange is a backend whose weight or state changes.
+type BackendChange struct {
+	Backend string `json:"backend"`
+	Old     string `json:"old"`
+	New     string `json:"new"`
 }
 
 // Error is the body of every non-2xx answer.

@@ -26,7 +26,7 @@ var netipComparers = cmp.Options{
 	cmp.Comparer(func(a, b netip.Prefix) bool { return a == b }),
 }
 
-var testSeed = maglev.Seed{0x00, 0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88, 0x99, 0xaa, 0xbb, 0xcc, 0xdd, 0xee, 0xff}
+var testSeed = maglev.Seed{0x5f, 0x1c, 0x0f, 0xfe, 0xe0, 0xdd, 0xba, 0x11, 0xde, 0xad, 0xbe, 0xef, 0x00, 0xc0, 0xff, 0xee}
 
 // head is the smallest valid config; cases append to it.
 const head = `
@@ -34,7 +34,7 @@ const head = `
 interfaces = ["eth0"]
 
 [maglev]
-hash_seed = "00112233445566778899aabbccddeeff"
+hash_seed = "5f1c0ffee0ddba11deadbeef00c0ffee"
 `
 
 // base is what Parse returns for head alone.
@@ -92,7 +92,7 @@ tcp = "1h"
 tcp_closing = "1s"
 udp = "90s"
 [maglev]
-hash_seed = "00112233445566778899AABBCCDDEEFF"
+hash_seed = "5F1C0FFEE0DDBA11DEADBEEF00C0FFEE"
 table_size = 251
 `,
 			want: func() *Config {
@@ -292,7 +292,7 @@ type = "none"
 interfaces = ["eth0"]
 mode = "hybrid"
 [maglev]
-hash_seed = "00112233445566778899aabbccddeeff"
+hash_seed = "5f1c0ffee0ddba11deadbeef00c0ffee"
 # Hybrid sends UDP by SNAT, so the backend port is free.
 [[service]]
 name = "udp"

@@ -27,6 +27,7 @@ type rawDaemon struct {
 	MetricsListen any `toml:"metrics_listen"`
 	BPFFS         any `toml:"bpffs"`
 	LogLevel      any `toml:"log_level"`
+	MaxFlowMove   any `toml:"max_flow_move"`
 }
 
 type rawDatapath struct {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"slices"
 
 	"github.com/l4lb/l4lb/lb"
 	"github.com/l4lb/l4lb/lb/api"
@@ -23,6 +24,7 @@ func (d *Daemon) Status() api.Status {
 	v := d.view.Load()
 	d.mu.Lock()
 	rl := d.lastReload
+	pending := slices.Clone(d.pending)
 	d.mu.Unlock()
 	st := api.Status{
 		Version:         Version,
@@ -32,6 +34,7 @@ func (d *Daemon) Status() api.Status {
 		DevSeed:         v.cfg.Maglev.DevSeed,
 		SeedFingerprint: seedFingerprint(v.cfg.Maglev.Seed),
 		LastReload:      rl,
+		PendingRestart:  pending,
 		Services:        len(v.services),
 		Conflicts:       v.conflicts,
 		Rejected:        v.rejected,

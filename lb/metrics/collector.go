@@ -23,6 +23,7 @@ const (
 	labelMode     = "mode"
 	labelDispatch = "dispatch"
 	labelResult   = "result"
+	labelSetting  = "setting"
 	// labelFingerprint lets an alert compare boxes: the same service with
 	// two fingerprints means two boxes send one flow to different backends.
 	labelFingerprint = "fingerprint"
@@ -92,8 +93,12 @@ var (
 		"Service definitions left out because another source claimed the same frontend or name first (reason: frontend, name).",
 		[]string{labelService, labelSource, labelReason}, nil)
 	descRefused = prometheus.NewDesc("l4lb_services_refused",
-		"Services the datapath does not serve (reason: unsupported, map_full).",
+		"Services the datapath does not serve (reason: unsupported, map_full, local_vip).",
 		[]string{labelService, labelSource, labelReason}, nil)
+
+	descPendingRestart = prometheus.NewDesc("l4lb_config_pending_restart",
+		"1 per setting of the configuration file in force that differs from the running value and applies only when l4lbd restarts.",
+		[]string{labelSetting}, nil)
 
 	descScrapeError = prometheus.NewDesc("l4lb_snapshot_error",
 		"Never exposed: carries errors met while reading the live state.", nil, nil)
@@ -107,7 +112,7 @@ var allDescs = []*prometheus.Desc{
 	descConntrackEntries, descConntrackCapacity, descSNATEntries, descSNATCapacity,
 	descMapEntries, descMapCapacity,
 	descDiscoverySync, descDiscoveryServices, descConflicting, descRefused,
-	descScrapeError,
+	descPendingRestart, descScrapeError,
 }
 
 // adminStates and healthStates are every value of the state labels: all
@@ -218,6 +223,10 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for k, n := range refused {
 		e.gauge(descRefused, float64(n), k[0], k[1], k[2])
+	}
+
+	for _, name := range s.PendingRestart {
+		e.gauge(descPendingRestart, 1, name)
 	}
 
 	for _, err := range s.Errors {

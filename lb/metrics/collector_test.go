@@ -74,8 +74,9 @@ func smallSnapshot() Snapshot {
 			{Name: "file:/etc/l4lb/l4lb.toml", LastSync: syncTime, Services: 1},
 			{Name: "consul", Services: 2},
 		},
-		Conflicts: []Conflict{{Service: "web", Source: "consul", Reason: "frontend"}},
-		Refused:   []Refusal{{Service: "geneve-svc", Source: "consul", Reason: RefusedUnsupported}},
+		Conflicts:      []Conflict{{Service: "web", Source: "consul", Reason: "frontend"}},
+		Refused:        []Refusal{{Service: "geneve-svc", Source: "consul", Reason: RefusedUnsupported}},
+		PendingRestart: []string{"datapath.conntrack_max", "maglev.hash_seed"},
 	}
 }
 
@@ -127,6 +128,10 @@ l4lb_backend_packets_total{backend="10.1.0.12:30080",service="web"} 40
 l4lb_backend_weight{backend="10.1.0.11:30080",service="web"} 1
 l4lb_backend_weight{backend="10.1.0.12:30080",service="web"} 2
 l4lb_backend_weight{backend="[2001:db8::1]:53",service="dns"} 1
+# HELP l4lb_config_pending_restart 1 per setting of the configuration file in force that differs from the running value and applies only when l4lbd restarts.
+# TYPE l4lb_config_pending_restart gauge
+l4lb_config_pending_restart{setting="datapath.conntrack_max"} 1
+l4lb_config_pending_restart{setting="maglev.hash_seed"} 1
 # HELP l4lb_conntrack_capacity Size of the connection table (datapath.conntrack_max); when full, the least recently used flows are evicted.
 # TYPE l4lb_conntrack_capacity gauge
 l4lb_conntrack_capacity 1.048576e+06
@@ -173,7 +178,7 @@ l4lb_service_packets_total{service="web"} 100
 # HELP l4lb_services_conflicting Service definitions left out because another source claimed the same frontend or name first (reason: frontend, name).
 # TYPE l4lb_services_conflicting gauge
 l4lb_services_conflicting{reason="frontend",service="web",source="consul"} 1
-# HELP l4lb_services_refused Services the datapath does not serve (reason: unsupported, map_full).
+# HELP l4lb_services_refused Services the datapath does not serve (reason: unsupported, map_full, local_vip).
 # TYPE l4lb_services_refused gauge
 l4lb_services_refused{reason="unsupported",service="geneve-svc",source="consul"} 1
 # HELP l4lb_snat_capacity Source-NAT bindings available (addresses times ports).

@@ -70,6 +70,9 @@ type Snapshot struct {
 	// Refused are services the datapath does not serve (unsupported
 	// settings, a full map).
 	Refused []Refusal
+	// PendingRestart names the settings (e.g. "maglev.hash_seed") whose new
+	// value waits for a restart of l4lbd; each name once.
+	PendingRestart []string
 	// Errors are failures met while taking the snapshot (a map that could
 	// not be read). Each fails its part of the scrape: the HTTP handler
 	// logs it and serves the rest.
@@ -207,11 +210,14 @@ const (
 	// RefusedMapFull: a datapath map has no room for the service or its
 	// backends.
 	RefusedMapFull RefusalReason = "map_full"
+	// RefusedLocalVIP: the VIP is one of the box's own addresses (a
+	// service from a discovery source; the file refuses it outright).
+	RefusedLocalVIP RefusalReason = "local_vip"
 )
 
 // refusalReasons are pre-set to zero so that rate() works from the first
 // refusal on.
-var refusalReasons = []RefusalReason{RefusedUnsupported, RefusedMapFull}
+var refusalReasons = []RefusalReason{RefusedUnsupported, RefusedMapFull, RefusedLocalVIP}
 
 // Refusal is a service the datapath does not serve.
 type Refusal struct {

@@ -6,11 +6,16 @@
 package e2e
 
 import (
+	"bufio"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/l4lb/l4lb/internal/testnet"
 	"github.com/l4lb/l4lb/tests/topo"
@@ -53,4 +58,35 @@ func writeFile(t *testing.T, path, content string) {
 
 func runQuiet(name string, args ...string) {
 	_ = exec.Command(name, args...).Run()
+}
+
+// scrape reads /metrics from addr in h's namespace.
+func scrape(t *testing.T, h *topo.Host, addr string) string {
+	t.Helper()
+	var body string
+	err := h.NS.Do(func() error {
+		// Dial here, on the thread that is in the namespace; the HTTP
+		// transport would dial from another one.
+		c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := io.WriteString(c, "GET /metrics HTTP/1.0\r\nHost: l4lbd\r\n\r\n"); err != nil {
+			return err
+		}
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		body = string(b)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("scrape %s on %s: %v", addr, h.Name, err)
+	}
+	return body
 }

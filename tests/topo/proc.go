@@ -171,7 +171,11 @@ func (h *Host) StartL4LBDWrapped(wrapper []string, bin, config string, extraArgs
 	d.start()
 	t.Cleanup(func() {
 		// Pins outlive the process on purpose (hitless restart): the
-		// test removes them.
+		// test removes them, once l4lbd is gone (--cleanup refuses
+		// while it holds its lock).
+		if !d.Exited() {
+			_ = d.Stop()
+		}
 		_ = exec.Command(bin, "--config", d.Config, "--cleanup").Run()
 	})
 	d.WaitReady()
