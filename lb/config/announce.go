@@ -110,8 +110,7 @@ type BGPPeer struct {
 	Port    uint16
 	// Password is the TCP-MD5 key (RFC 2385); empty: none.
 	Password string
-	// HoldTime 0 turns keepalives off; Keepalive defaults to a third of
-	// HoldTime.
+	// Keepalive defaults to a third of HoldTime.
 	HoldTime     time.Duration
 	Keepalive    time.Duration
 	ConnectRetry time.Duration
@@ -292,14 +291,9 @@ func (c *checker) peer(s scope, r *rawPeer, b *BGP) (BGPPeer, bool) {
 	}
 	holdOK := true
 	if r.HoldTime != nil {
-		n, good := s.intIn("hold_time", r.HoldTime, 0, 65535, "use 0 (no keepalives) or 3..65535 seconds (default 90)")
-		switch {
-		case !good:
-			holdOK = false
-		case n > 0 && n < 3:
-			s.errorf("hold_time", "%s = %d: BGP allows 0 or at least 3 seconds (RFC 4271)", s.name("hold_time"), n)
-			holdOK = false
-		default:
+		n, good := s.intIn("hold_time", r.HoldTime, 3, 65535, "use 3..65535 seconds (default 90)")
+		holdOK = good
+		if good {
 			p.HoldTime = time.Duration(n) * time.Second
 		}
 	}
@@ -307,9 +301,7 @@ func (c *checker) peer(s scope, r *rawPeer, b *BGP) (BGPPeer, bool) {
 	if r.Keepalive != nil {
 		if n, good := s.intIn("keepalive", r.Keepalive, 1, 21845, "use 1..21845 seconds (default a third of hold_time)"); good {
 			p.Keepalive = time.Duration(n) * time.Second
-			if holdOK && p.HoldTime == 0 {
-				s.errorf("keepalive", "%s has no effect with hold_time = 0: remove it", s.name("keepalive"))
-			} else if holdOK && p.Keepalive >= p.HoldTime {
+			if holdOK && p.Keepalive >= p.HoldTime {
 				s.errorf("keepalive", "%s (%ds) must be shorter than hold_time (%ds), usually a third of it", s.name("keepalive"), n, int(p.HoldTime.Seconds()))
 			}
 		}
