@@ -38,6 +38,67 @@ type Status struct {
 	// Discovery reports the sources that watch something outside l4lbd
 	// (Consul): whether their services may be out of date.
 	Discovery []SourceStatus `json:"discovery,omitempty"`
+	// BGP and L2 are the VIP announcers' state; nil when off.
+	BGP *BGPStatus `json:"bgp,omitempty"`
+	L2  *L2Status  `json:"l2,omitempty"`
+	// FleetWarnings name the services whose fingerprints differ between
+	// LB boxes, and the boxes, as the fleet check sees them.
+	FleetWarnings []string `json:"fleet_warnings,omitempty"`
+}
+
+// BGPStatus is the BGP speaker's state (GET /v1/bgp).
+type BGPStatus struct {
+	ASN      uint32 `json:"asn"`
+	RouterID string `json:"router_id"`
+	// GracefulRestart and OnStop are the settings in force: whether a
+	// stop keeps the routes for a restart ("keep") or withdraws ("drain").
+	GracefulRestart bool      `json:"graceful_restart"`
+	OnStop          string    `json:"on_stop"`
+	Peers           []BGPPeer `json:"peers"`
+	// VIPs are the addresses the services ask to announce, announced or
+	// not (then with the reason).
+	VIPs []AnnouncedVIP `json:"vips"`
+}
+
+// BGPPeer is one BGP session.
+type BGPPeer struct {
+	Address string `json:"address"`
+	ASN     uint32 `json:"asn"`
+	// State is idle, connect, active, opensent, openconfirm or
+	// established.
+	State string `json:"state"`
+	Up    bool   `json:"up"`
+	// Since is when the session came up, or last went down.
+	Since           time.Time `json:"since,omitzero"`
+	UpdatesSent     uint64    `json:"updates_sent"`
+	UpdatesReceived uint64    `json:"updates_received"`
+	// Advertised counts the prefixes sent on the session.
+	Advertised uint64 `json:"advertised"`
+	// GracefulRestart is true when both sides negotiated it.
+	GracefulRestart bool   `json:"graceful_restart"`
+	LastError       string `json:"last_error,omitempty"`
+}
+
+// AnnouncedVIP is the announcement decision about one VIP.
+type AnnouncedVIP struct {
+	VIP       string   `json:"vip"`
+	Announced bool     `json:"announced"`
+	Services  []string `json:"services"`
+	Reason    string   `json:"reason,omitempty"`
+}
+
+// L2Status is the ARP/NDP responder's state.
+type L2Status struct {
+	VIPs       []AnnouncedVIP `json:"vips"`
+	Interfaces []L2Interface  `json:"interfaces"`
+}
+
+// L2Interface counts what the responder sent on one interface.
+type L2Interface struct {
+	Name           string `json:"name"`
+	ARPReplies     uint64 `json:"arp_replies"`
+	NDReplies      uint64 `json:"nd_replies"`
+	GratuitousSent uint64 `json:"gratuitous_sent"`
 }
 
 // SourceStatus is the state of one discovery source.

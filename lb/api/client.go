@@ -112,3 +112,9 @@ func (c *Client) Backend(ctx context.Context, service string, backend netip.Addr
 	var out struct{}
 	return c.do(ctx, http.MethodPost, "/services/"+url.PathEscape(service)+"/backends/"+url.PathEscape(backend.String())+"/"+string(action), &out)
 }
+
+// BGP returns the BGP speaker's state.
+func (c *Client) BGP(ctx context.Context) (BGPStatus, error) {
+	var b BGPStatus
+	return b, c.get(ctx, "/bgp", &b)
+}

@@ -24,6 +24,7 @@ import (
 	"github.com/l4lb/l4lb/discovery"
 	"github.com/l4lb/l4lb/discovery/file"
 	"github.com/l4lb/l4lb/lb"
+	"github.com/l4lb/l4lb/lb/announce"
 	"github.com/l4lb/l4lb/lb/api"
 	"github.com/l4lb/l4lb/lb/config"
 	"github.com/l4lb/l4lb/lb/datapath"
@@ -74,6 +75,9 @@ type Daemon struct {
 	waiting bool
 	metrics *metrics.Recorder
 
+	// ann announces the VIPs (announce.go); nil before the first pass.
+	ann *announcers
+
 	// The Consul source, when configured (consul.go).
 	consulRun atomic.Pointer[consulRun]
 	consulCtx context.Context // control loop only
@@ -99,6 +103,8 @@ type view struct {
 	recErr string
 	state  reconciler.State
 	cfg    *config.Config
+	// bgpVIPs and l2VIPs are the announcers' decisions for this view.
+	bgpVIPs, l2VIPs []announce.VIP
 }
 
 // New loads and validates the configuration; nothing touches the kernel yet.
@@ -219,6 +225,12 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if err := d.attach(cfg); err != nil {
 		return err
 	}
+	// Announce only once the datapath forwards what is announced. After a
+	// restart the routers kept the routes (graceful restart) meanwhile.
+	if err := d.startAnnouncers(ctx, cfg, len(st.Services) > 0); err != nil {
+		return err
+	}
+	d.apply()
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -261,6 +273,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	d.log.Info("l4lbd ready", "interfaces", cfg.Datapath.Interfaces, "services", len(d.view.Load().services))
 	err = d.loop(ctx)
 	notify(sddaemon.SdNotifyStopping)
+	d.stopAnnouncers()
 	return err
 }
 
@@ -404,6 +417,9 @@ func (d *Daemon) doReload() error {
 		d.log.Error("configuration rejected; the previous one keeps serving", "file", d.opts.ConfigPath, "error", err)
 		return err
 	}
+	for _, w := range d.reloadAnnouncers(cfg) {
+		d.log.Warn("setting changed; it takes effect after a restart of l4lbd", "setting", w)
+	}
 	d.cfg = cfg
 	d.merger.Update(discovery.Snapshot{Source: d.file.Name(), Services: cfg.Services})
 	d.log.Info("configuration reloaded", "file", d.opts.ConfigPath, "services", len(cfg.Services))
@@ -543,6 +559,7 @@ func (d *Daemon) apply() error {
 	if err != nil {
 		v.recErr = err.Error()
 	}
+	d.announce(v)
 	d.view.Store(v)
 	return err
 }

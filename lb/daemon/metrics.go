@@ -77,6 +77,31 @@ func (d *Daemon) Snapshot() metrics.Snapshot {
 		snap.Conflicts = append(snap.Conflicts, metrics.Conflict{Service: c.Service, Source: c.Source, Reason: c.Reason})
 	}
 	snap.Refused = append(snap.Refused, v.refused...)
+	snap.SeedFingerprint = seedFingerprint(v.cfg.Maglev.Seed)
+	if b := d.bgpStatus(v); b != nil {
+		mb := &metrics.BGP{}
+		for _, vip := range b.VIPs {
+			if vip.Announced {
+				mb.Announced++
+			}
+		}
+		for _, p := range b.Peers {
+			mb.Peers = append(mb.Peers, metrics.BGPPeer{Address: p.Address, Up: p.Up, Advertised: p.Advertised, UpdatesSent: p.UpdatesSent, UpdatesReceived: p.UpdatesReceived})
+		}
+		snap.BGP = mb
+	}
+	if l := d.l2Status(v); l != nil {
+		ml := &metrics.L2{}
+		for _, vip := range l.VIPs {
+			if vip.Announced {
+				ml.Announced++
+			}
+		}
+		for _, i := range l.Interfaces {
+			ml.Interfaces = append(ml.Interfaces, metrics.L2Interface{Name: i.Name, ARPReplies: i.ARPReplies, NDReplies: i.NDReplies, Gratuitous: i.GratuitousSent})
+		}
+		snap.L2 = ml
+	}
 	return snap
 }
 

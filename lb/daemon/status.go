@@ -38,6 +38,8 @@ func (d *Daemon) Status() api.Status {
 		HealthWarnings:  v.healthWarnings,
 		ReconcileError:  v.recErr,
 		Discovery:       d.discoveryStatus(),
+		BGP:             d.bgpStatus(v),
+		L2:              d.l2Status(v),
 	}
 	for _, s := range v.state.Services {
 		st.Backends += len(s.Backends)
