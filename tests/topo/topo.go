@@ -41,8 +41,8 @@ type Host struct {
 
 // Topology is a client, LB boxes and backends on one segment.
 type Topology struct {
-	T        testnet.TB
-	Switch   *testnet.NS
+	T      testnet.TB
+	Switch *testnet.NS
 	Client *Host
 	// Router is nil unless Options.Router; its Iface is on the segment,
 	// ClientIface on the client's link.
