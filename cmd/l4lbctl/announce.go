@@ -5,6 +5,8 @@ package main
 import (
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -12,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/l4lb/l4lb/lb/api"
+	"github.com/l4lb/l4lb/lb/fleet"
 )
 
 func bgpCmd(g *globals) *cobra.Command {
@@ -119,4 +122,134 @@ func dash(s string) string {
 		return "-"
 	}
 	return s
+}
+
+func fleetCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "fleet",
+		Short: "every LB box's fingerprints side by side, as the fleet check (Consul) sees them",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			f, err := api.NewClient(g.socket).Fleet(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if g.output == "json" {
+				return writeJSON(cmd.OutOrStdout(), f)
+			}
+			return printFleet(cmd.OutOrStdout(), f)
+		},
+	}
+	cmd.AddCommand(&cobra.Command{
+		Use:   "compare TARGET...",
+		Short: "compare boxes now, without Consul: TARGET is a metrics URL (http://HOST:9842) or an admin socket (unix:PATH); exits 1 when they disagree",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var boxes []fleet.Box
+			for _, target := range args {
+				b, err := fleet.Fetch(cmd.Context(), target)
+				if err != nil {
+					return err
+				}
+				boxes = append(boxes, b)
+			}
+			rep := fleet.Compare(boxes)
+			f := rep.API("")
+			if g.output == "json" {
+				if err := writeJSON(cmd.OutOrStdout(), f); err != nil {
+					return err
+				}
+			} else if err := printFleet(cmd.OutOrStdout(), f); err != nil {
+				return err
+			}
+			if len(rep.Warnings()) > 0 {
+				return &exitError{code: 1, err: fmt.Errorf("the boxes disagree (%d findings)", len(rep.Warnings()))}
+			}
+			return nil
+		},
+	})
+	return cmd
+}
+
+func printFleet(out io.Writer, f api.Fleet) error {
+	if f.Self != "" {
+		sync := "never"
+		if !f.LastSync.IsZero() {
+			sync = time.Since(f.LastSync).Round(time.Second).String() + " ago"
+		}
+		fmt.Fprintf(out, "this box: %s; Consul last answered %s\n", f.Self, sync)
+		if f.Error != "" {
+			fmt.Fprintf(out, "FAILING: %s\n", f.Error)
+		}
+	}
+	if len(f.Warnings) == 0 {
+		fmt.Fprintf(out, "the %d boxes agree on every service they share\n", len(f.Boxes))
+	}
+	for _, w := range f.Warnings {
+		fmt.Fprintf(out, "MISMATCH %s\n", w)
+	}
+	for _, fe := range sortedKeys(f.Missing) {
+		fmt.Fprintf(out, "note: %s is not served by %s\n", fe, strings.Join(f.Missing[fe], ", "))
+	}
+	fmt.Fprintln(out)
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "BOX\tSEED\tVERSION\tSERVICES\tUPDATED")
+	for _, b := range f.Boxes {
+		updated := "-"
+		if !b.Updated.IsZero() {
+			updated = time.Since(b.Updated).Round(time.Second).String() + " ago"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\n", b.Name, b.SeedFingerprint, dash(b.Version), len(b.Services), updated)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintln(out)
+	// One row per frontend, one column per box.
+	bad := map[string]bool{}
+	for _, m := range f.Mismatches {
+		bad[m.Frontend] = true
+	}
+	type row struct {
+		names map[string]bool
+		fps   map[string]string
+	}
+	rows := map[string]*row{}
+	for _, b := range f.Boxes {
+		for _, s := range b.Services {
+			r := rows[s.Frontend]
+			if r == nil {
+				r = &row{names: map[string]bool{}, fps: map[string]string{}}
+				rows[s.Frontend] = r
+			}
+			r.names[s.Name] = true
+			r.fps[b.Name] = s.Fingerprint
+		}
+	}
+	tw = tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprint(tw, "SERVICE\tFRONTEND")
+	for _, b := range f.Boxes {
+		fmt.Fprintf(tw, "\t%s", strings.ToUpper(b.Name))
+	}
+	fmt.Fprintln(tw, "\t")
+	for _, fe := range sortedKeys(rows) {
+		r := rows[fe]
+		fmt.Fprintf(tw, "%s\t%s", strings.Join(sortedKeys(r.names), "/"), fe)
+		for _, b := range f.Boxes {
+			fp, ok := r.fps[b.Name]
+			switch {
+			case !ok:
+				fp = "-"
+			case bad[fe]:
+				fp += " !"
+			}
+			fmt.Fprintf(tw, "\t%s", fp)
+		}
+		fmt.Fprintln(tw, "\t")
+	}
+	return tw.Flush()
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	return slices.Sorted(maps.Keys(m))
 }

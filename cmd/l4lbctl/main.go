@@ -57,6 +57,6 @@ func root() *cobra.Command {
 		}
 		return nil
 	}
-	cmd.AddCommand(maglevCmd(g), configCmd(g), statusCmd(g), serviceCmd(g), backendCmd(g), conntrackCmd(g), bgpCmd(g))
+	cmd.AddCommand(maglevCmd(g), configCmd(g), statusCmd(g), serviceCmd(g), backendCmd(g), conntrackCmd(g), bgpCmd(g), fleetCmd(g))
 	return cmd
 }

@@ -223,3 +223,46 @@ type Lookup struct {
 type Error struct {
 	Error string `json:"error"`
 }
+
+// Fleet is the fleet check's view (GET /v1/fleet, and `l4lbctl fleet
+// compare`): every box's fingerprints side by side and where they differ.
+type Fleet struct {
+	// Self is this box's name; empty for an on-demand comparison.
+	Self string `json:"self,omitempty"`
+	// LastSync is when Consul last answered; Error why it does not.
+	LastSync time.Time  `json:"last_sync,omitzero"`
+	Error    string     `json:"error,omitempty"`
+	Boxes    []FleetBox `json:"boxes"`
+	// Mismatches are the frontends whose boxes have different
+	// fingerprints: they send a flow to different backends.
+	Mismatches []FleetMismatch `json:"mismatches"`
+	// Missing maps a frontend to the boxes that do not serve it.
+	Missing map[string][]string `json:"missing,omitempty"`
+	// Warnings say the above in sentences.
+	Warnings []string `json:"warnings,omitempty"`
+}
+
+// FleetBox is one box's record.
+type FleetBox struct {
+	Name            string `json:"name"`
+	Version         string `json:"version,omitempty"`
+	SeedFingerprint string `json:"seed_fingerprint"`
+	// Updated is when the box last changed its record.
+	Updated  time.Time      `json:"updated,omitzero"`
+	Services []FleetService `json:"services"`
+}
+
+// FleetService is one service of a box.
+type FleetService struct {
+	Name        string `json:"name"`
+	Frontend    string `json:"frontend"`
+	Fingerprint string `json:"fingerprint"`
+}
+
+// FleetMismatch is one frontend the boxes disagree on.
+type FleetMismatch struct {
+	Frontend string   `json:"frontend"`
+	Services []string `json:"services"`
+	// Fingerprints maps box names to their fingerprint.
+	Fingerprints map[string]string `json:"fingerprints"`
+}

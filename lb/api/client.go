@@ -118,3 +118,9 @@ func (c *Client) BGP(ctx context.Context) (BGPStatus, error) {
 	var b BGPStatus
 	return b, c.get(ctx, "/bgp", &b)
 }
+
+// Fleet returns the fleet check's view.
+func (c *Client) Fleet(ctx context.Context) (Fleet, error) {
+	var f Fleet
+	return f, c.get(ctx, "/fleet", &f)
+}

@@ -27,6 +27,8 @@ type Provider interface {
 	Lookup(service string, client netip.AddrPort) (Lookup, error)
 	// BGP returns the speaker's state; ErrNotFound when BGP is off.
 	BGP() (BGPStatus, error)
+	// Fleet returns the fleet check's view; ErrNotFound when it is off.
+	Fleet() (Fleet, error)
 	// Backend applies a runtime override and returns once it is
 	// programmed.
 	Backend(ctx context.Context, service string, backend netip.AddrPort, action BackendAction) error
@@ -112,6 +114,14 @@ func NewServer(p Provider, log *slog.Logger) *Server {
 			return
 		}
 		writeJSON(w, http.StatusOK, b)
+	})
+	s.mux.HandleFunc("GET "+Version+"/fleet", func(w http.ResponseWriter, _ *http.Request) {
+		f, err := s.p.Fleet()
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, f)
 	})
 	s.mux.HandleFunc("GET "+Version+"/conntrack", func(w http.ResponseWriter, _ *http.Request) {
 		c, err := s.p.Conntrack()

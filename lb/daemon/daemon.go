@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"reflect"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -77,6 +78,8 @@ type Daemon struct {
 
 	// ann announces the VIPs (announce.go); nil before the first pass.
 	ann *announcers
+	// fleet is the fleet check (fleet.go); nil when off.
+	fleet *fleetRun
 
 	// The Consul source, when configured (consul.go).
 	consulRun atomic.Pointer[consulRun]
@@ -230,6 +233,10 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if err := d.startAnnouncers(ctx, cfg, len(st.Services) > 0); err != nil {
 		return err
 	}
+	if err := d.startFleet(ctx, cfg); err != nil {
+		return err
+	}
+	defer d.stopFleet()
 	d.apply()
 
 	ctx, cancel := context.WithCancel(ctx)
@@ -473,6 +480,9 @@ func restartOnly(old, cur *config.Config) []string {
 	if old.Datapath.ICMPRateLimit != cur.Datapath.ICMPRateLimit {
 		out = append(out, "datapath.icmp_rate_limit")
 	}
+	if !reflect.DeepEqual(old.Fleet, cur.Fleet) {
+		out = append(out, "[fleet]")
+	}
 	if old.Daemon.AdminSocket != cur.Daemon.AdminSocket || old.Daemon.BPFFS != cur.Daemon.BPFFS ||
 		!slices.Equal(old.Daemon.MetricsListen, cur.Daemon.MetricsListen) {
 		out = append(out, "daemon.*")
@@ -560,6 +570,7 @@ func (d *Daemon) apply() error {
 		v.recErr = err.Error()
 	}
 	d.announce(v)
+	d.publishFleet(v)
 	d.view.Store(v)
 	return err
 }

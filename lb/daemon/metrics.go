@@ -78,6 +78,9 @@ func (d *Daemon) Snapshot() metrics.Snapshot {
 	}
 	snap.Refused = append(snap.Refused, v.refused...)
 	snap.SeedFingerprint = seedFingerprint(v.cfg.Maglev.Seed)
+	if rep, _, ok := d.fleetReport(); ok {
+		snap.Fleet = &metrics.Fleet{Boxes: len(rep.Boxes), Mismatch: rep.Mismatched(d.fleet.f.Name())}
+	}
 	if b := d.bgpStatus(v); b != nil {
 		mb := &metrics.BGP{}
 		for _, vip := range b.VIPs {

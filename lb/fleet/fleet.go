@@ -16,6 +16,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/l4lb/l4lb/lb/api"
 )
 
 // Box is what one LB box says about itself. Its JSON is what the boxes
@@ -142,6 +144,26 @@ func (r Report) Mismatched(self string) map[string]bool {
 		for _, s := range b.Services {
 			out[s.Name] = bad[s.Frontend]
 		}
+	}
+	return out
+}
+
+// API is the report in the admin API's shape; self names this box (empty
+// for an on-demand comparison).
+func (r Report) API(self string) api.Fleet {
+	out := api.Fleet{Self: self, Boxes: []api.FleetBox{}, Mismatches: []api.FleetMismatch{}, Warnings: r.Warnings()}
+	for _, b := range r.Boxes {
+		ab := api.FleetBox{Name: b.Name, Version: b.Version, SeedFingerprint: b.SeedFingerprint, Updated: b.Updated, Services: []api.FleetService{}}
+		for _, s := range b.Services {
+			ab.Services = append(ab.Services, api.FleetService{Name: s.Name, Frontend: s.Frontend, Fingerprint: s.Fingerprint})
+		}
+		out.Boxes = append(out.Boxes, ab)
+	}
+	for _, m := range r.Mismatches {
+		out.Mismatches = append(out.Mismatches, api.FleetMismatch{Frontend: m.Frontend, Services: m.Services, Fingerprints: m.Fingerprints})
+	}
+	if len(r.Missing) > 0 {
+		out.Missing = r.Missing
 	}
 	return out
 }
