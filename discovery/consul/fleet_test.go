@@ -103,7 +103,9 @@ func TestFleet(t *testing.T) {
 	}
 	b2 = runFleet(t, a.Addr, "lb2")
 	b2.f.Publish(rec("f1"))
-	waitBoxes(t, b1.f, func(bs []fleet.Box) bool { return len(fleet.Compare(bs).Mismatches) == 0 && len(fleet.Compare(bs).Seeds) == 1 }, "lb1", "lb2")
+	waitBoxes(t, b1.f, func(bs []fleet.Box) bool {
+		return len(fleet.Compare(bs).Mismatches) == 0 && len(fleet.Compare(bs).Seeds) == 1
+	}, "lb1", "lb2")
 
 	// A box of another name cannot take lb1's record.
 	sess2, _, err := a.API.Session().Create(&api.SessionEntry{Name: "something else", TTL: "60s"}, nil)
