@@ -221,7 +221,6 @@ type longFlow struct {
 	err     atomic.Value
 	maxGap  atomic.Int64
 	echoes  atomic.Int64
-	stopped chan struct{}
 }
 
 func startLongFlows(t *testing.T, tp *topo.Topology, dst netip.AddrPort, n int, firstPort uint16) ([]*longFlow, func()) {
