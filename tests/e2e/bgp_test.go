@@ -215,12 +215,12 @@ func (w *fibWatch) finish() [][]netip.Addr {
 // tolerates a pause (a box failing over) of up to 30 s before it counts as
 // broken; it records its longest pause.
 type longFlow struct {
-	c       *topo.Conn
-	sport   uint16
-	broken  atomic.Bool
-	err     atomic.Value
-	maxGap  atomic.Int64
-	echoes  atomic.Int64
+	c      *topo.Conn
+	sport  uint16
+	broken atomic.Bool
+	err    atomic.Value
+	maxGap atomic.Int64
+	echoes atomic.Int64
 }
 
 func startLongFlows(t *testing.T, tp *topo.Topology, dst netip.AddrPort, n int, firstPort uint16) ([]*longFlow, func()) {
