@@ -206,41 +206,20 @@ func printFleet(out io.Writer, f api.Fleet) error {
 	}
 	fmt.Fprintln(out)
 	// One row per frontend, one column per box.
-	bad := map[string]bool{}
-	for _, m := range f.Mismatches {
-		bad[m.Frontend] = true
-	}
-	type row struct {
-		names map[string]bool
-		fps   map[string]string
-	}
-	rows := map[string]*row{}
-	for _, b := range f.Boxes {
-		for _, s := range b.Services {
-			r := rows[s.Frontend]
-			if r == nil {
-				r = &row{names: map[string]bool{}, fps: map[string]string{}}
-				rows[s.Frontend] = r
-			}
-			r.names[s.Name] = true
-			r.fps[b.Name] = s.Fingerprint
-		}
-	}
 	tw = tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprint(tw, "SERVICE\tFRONTEND")
 	for _, b := range f.Boxes {
 		fmt.Fprintf(tw, "\t%s", strings.ToUpper(b.Name))
 	}
 	fmt.Fprintln(tw, "\t")
-	for _, fe := range sortedKeys(rows) {
-		r := rows[fe]
-		fmt.Fprintf(tw, "%s\t%s", strings.Join(sortedKeys(r.names), "/"), fe)
+	for _, fe := range f.Frontends {
+		fmt.Fprintf(tw, "%s\t%s", strings.Join(fe.Services, "/"), fe.Frontend)
 		for _, b := range f.Boxes {
-			fp, ok := r.fps[b.Name]
+			fp, ok := fe.Fingerprints[b.Name]
 			switch {
 			case !ok:
 				fp = "-"
-			case bad[fe]:
+			case fe.Differ:
 				fp += " !"
 			}
 			fmt.Fprintf(tw, "\t%s", fp)

@@ -72,18 +72,10 @@ func NewFleet(cc *config.Consul, fc *config.Fleet, opts FleetOptions) (*Fleet, e
 	if cc == nil || fc == nil {
 		return nil, errors.New("consul: the fleet check needs [discovery.consul] and [fleet]")
 	}
-	if opts.Log == nil {
-		opts.Log = slog.Default()
-	}
-	if opts.Wait <= 0 {
-		opts.Wait = DefaultWait
-	}
-	if opts.RetryMin <= 0 {
-		opts.RetryMin = DefaultRetryMin
-	}
-	if opts.RetryMax < opts.RetryMin {
-		opts.RetryMax = max(DefaultRetryMax, opts.RetryMin)
-	}
+	// The source's defaults and rules, for the fields the two share.
+	shared := Options{Log: opts.Log, Wait: opts.Wait, RetryMin: opts.RetryMin, RetryMax: opts.RetryMax}
+	shared.fill()
+	opts.Log, opts.Wait, opts.RetryMin, opts.RetryMax = shared.Log, shared.Wait, shared.RetryMin, shared.RetryMax
 	name := fc.Name
 	if name == "" {
 		h, err := os.Hostname()

@@ -233,9 +233,12 @@ type Fleet struct {
 	LastSync time.Time  `json:"last_sync,omitzero"`
 	Error    string     `json:"error,omitempty"`
 	Boxes    []FleetBox `json:"boxes"`
+	// Frontends are every frontend a box serves, with each box's
+	// fingerprint.
+	Frontends []FleetFrontend `json:"frontends"`
 	// Mismatches are the frontends whose boxes have different
 	// fingerprints: they send a flow to different backends.
-	Mismatches []FleetMismatch `json:"mismatches"`
+	Mismatches []FleetFrontend `json:"mismatches"`
 	// Missing maps a frontend to the boxes that do not serve it.
 	Missing map[string][]string `json:"missing,omitempty"`
 	// Warnings say the above in sentences.
@@ -259,10 +262,12 @@ type FleetService struct {
 	Fingerprint string `json:"fingerprint"`
 }
 
-// FleetMismatch is one frontend the boxes disagree on.
-type FleetMismatch struct {
+// FleetFrontend is one frontend across the boxes.
+type FleetFrontend struct {
 	Frontend string   `json:"frontend"`
 	Services []string `json:"services"`
 	// Fingerprints maps box names to their fingerprint.
 	Fingerprints map[string]string `json:"fingerprints"`
+	// Differ is true when the fingerprints differ.
+	Differ bool `json:"differ"`
 }

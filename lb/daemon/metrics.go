@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/l4lb/l4lb/lb"
+	"github.com/l4lb/l4lb/lb/api"
 	"github.com/l4lb/l4lb/lb/health"
 	"github.com/l4lb/l4lb/lb/metrics"
 )
@@ -82,24 +83,14 @@ func (d *Daemon) Snapshot() metrics.Snapshot {
 		snap.Fleet = &metrics.Fleet{Boxes: len(rep.Boxes), Mismatch: rep.Mismatched(d.fleet.f.Name())}
 	}
 	if b := d.bgpStatus(v); b != nil {
-		mb := &metrics.BGP{}
-		for _, vip := range b.VIPs {
-			if vip.Announced {
-				mb.Announced++
-			}
-		}
+		mb := &metrics.BGP{Announced: announcedCount(b.VIPs)}
 		for _, p := range b.Peers {
 			mb.Peers = append(mb.Peers, metrics.BGPPeer{Address: p.Address, Up: p.Up, Advertised: p.Advertised, UpdatesSent: p.UpdatesSent, UpdatesReceived: p.UpdatesReceived})
 		}
 		snap.BGP = mb
 	}
 	if l := d.l2Status(v); l != nil {
-		ml := &metrics.L2{}
-		for _, vip := range l.VIPs {
-			if vip.Announced {
-				ml.Announced++
-			}
-		}
+		ml := &metrics.L2{Announced: announcedCount(l.VIPs)}
 		for _, i := range l.Interfaces {
 			ml.Interfaces = append(ml.Interfaces, metrics.L2Interface{Name: i.Name, ARPReplies: i.ARPReplies, NDReplies: i.NDReplies, Gratuitous: i.GratuitousSent})
 		}
@@ -188,4 +179,13 @@ func (d *Daemon) countNewRefusals(now []metrics.Refusal) {
 			d.metrics.ServiceRefused(r.Reason)
 		}
 	}
+}
+
+func announcedCount(vips []api.AnnouncedVIP) (n int) {
+	for _, v := range vips {
+		if v.Announced {
+			n++
+		}
+	}
+	return n
 }

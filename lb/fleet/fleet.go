@@ -39,18 +39,20 @@ type Service struct {
 	Fingerprint string `json:"fingerprint"`
 }
 
-// Mismatch is a frontend whose boxes disagree: they send the same flow to
-// different backends.
-type Mismatch struct {
+// Frontend is one frontend as the boxes that serve it see it.
+type Frontend struct {
 	Frontend string
 	// Services are the service names the boxes use for the frontend.
 	Services []string
 	// Fingerprints maps each box serving the frontend to its fingerprint.
 	Fingerprints map[string]string
+	// Differ is true when the fingerprints are not all the same: the
+	// boxes send the same flow to different backends.
+	Differ bool
 }
 
 // String names the frontend, the services and each box's fingerprint.
-func (m Mismatch) String() string {
+func (m Frontend) String() string {
 	var parts []string
 	for _, box := range slices.Sorted(maps.Keys(m.Fingerprints)) {
 		parts = append(parts, box+"="+m.Fingerprints[box])
@@ -65,8 +67,10 @@ type Report struct {
 	// Seeds maps each seed fingerprint to the boxes using it; more than
 	// one key means the boxes cannot agree on any service.
 	Seeds map[string][]string
-	// Mismatches are the frontends whose fingerprints differ, sorted.
-	Mismatches []Mismatch
+	// Frontends are every frontend any box serves, sorted.
+	Frontends []Frontend
+	// Mismatches are the frontends whose fingerprints differ.
+	Mismatches []Frontend
 	// Missing maps a frontend to the boxes that do not serve it while
 	// others do: flows that reach them are not forwarded. It is reported
 	// but not a mismatch, since boxes may serve different sets on purpose
@@ -101,8 +105,10 @@ func Compare(boxes []Box) Report {
 		for _, fp := range f.fps {
 			distinct[fp] = true
 		}
-		if len(distinct) > 1 {
-			r.Mismatches = append(r.Mismatches, Mismatch{Frontend: fe, Services: slices.Sorted(maps.Keys(f.names)), Fingerprints: f.fps})
+		ff := Frontend{Frontend: fe, Services: slices.Sorted(maps.Keys(f.names)), Fingerprints: f.fps, Differ: len(distinct) > 1}
+		r.Frontends = append(r.Frontends, ff)
+		if ff.Differ {
+			r.Mismatches = append(r.Mismatches, ff)
 		}
 		for _, b := range r.Boxes {
 			if _, ok := f.fps[b.Name]; !ok {
@@ -151,7 +157,7 @@ func (r Report) Mismatched(self string) map[string]bool {
 // API is the report in the admin API's shape; self names this box (empty
 // for an on-demand comparison).
 func (r Report) API(self string) api.Fleet {
-	out := api.Fleet{Self: self, Boxes: []api.FleetBox{}, Mismatches: []api.FleetMismatch{}, Warnings: r.Warnings()}
+	out := api.Fleet{Self: self, Boxes: []api.FleetBox{}, Frontends: []api.FleetFrontend{}, Mismatches: []api.FleetFrontend{}, Warnings: r.Warnings()}
 	for _, b := range r.Boxes {
 		ab := api.FleetBox{Name: b.Name, Version: b.Version, SeedFingerprint: b.SeedFingerprint, Updated: b.Updated, Services: []api.FleetService{}}
 		for _, s := range b.Services {
@@ -159,8 +165,12 @@ func (r Report) API(self string) api.Fleet {
 		}
 		out.Boxes = append(out.Boxes, ab)
 	}
-	for _, m := range r.Mismatches {
-		out.Mismatches = append(out.Mismatches, api.FleetMismatch{Frontend: m.Frontend, Services: m.Services, Fingerprints: m.Fingerprints})
+	for _, f := range r.Frontends {
+		af := api.FleetFrontend{Frontend: f.Frontend, Services: f.Services, Fingerprints: f.Fingerprints, Differ: f.Differ}
+		out.Frontends = append(out.Frontends, af)
+		if f.Differ {
+			out.Mismatches = append(out.Mismatches, af)
+		}
 	}
 	if len(r.Missing) > 0 {
 		out.Missing = r.Missing

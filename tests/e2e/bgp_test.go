@@ -72,31 +72,14 @@ protocol bgp %s6 from lb { neighbor %s as 65001; ipv6 { import all; export none;
 // over IPIP, health-checked through the VIP, announced to the router.
 func bgpBoxConfig(box *topo.Host, onStop string) string {
 	var b strings.Builder
+	b.WriteString(boxHead(fmt.Sprintf("[%q]", box.Addr4.String()+":9842"), "dsr", 1021))
 	fmt.Fprintf(&b, `
-[daemon]
-admin_socket   = "{{socket}}"
-metrics_listen = ["%s:9842"]
-bpffs          = "{{bpffs}}"
-log_level      = "info"
-
-[datapath]
-interfaces    = ["eth0"]
-mode          = "dsr"
-dsr_dispatch  = "ipip"
-conntrack_max = 65536
-max_services  = 16
-max_backends  = 64
-
-[maglev]
-hash_seed  = %q
-table_size = 1021
-
 [bgp]
 asn         = 65001
 router_id   = "%s"
 on_stop     = %q
 restart_time = 60
-`, box.Addr4, e2eSeed, box.Addr4, onStop)
+`, box.Addr4, onStop)
 	for _, peer := range []string{topo.Prefix4 + "1", topo.Prefix6 + "1"} {
 		fmt.Fprintf(&b, "\n[[bgp.peer]]\naddress = %q\nasn = 65000\nhold_time = 3\nkeepalive = 1\nconnect_retry = 1\n", peer)
 	}

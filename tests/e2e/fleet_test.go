@@ -77,28 +77,14 @@ func httpGetIn(ns *testnet.NS, url string) (string, error) {
 
 func fleetBoxConfig(box *topo.Host, consulAddr string, tableSize int) string {
 	var b strings.Builder
+	b.WriteString(boxHead(fmt.Sprintf("[%q]", box.Addr4.String()+":9842"), "snat", 251))
 	fmt.Fprintf(&b, `
-[daemon]
-admin_socket   = "{{socket}}"
-metrics_listen = ["%s:9842"]
-bpffs          = "{{bpffs}}"
-
-[datapath]
-interfaces    = ["eth0"]
-conntrack_max = 65536
-max_services  = 16
-max_backends  = 64
-
-[maglev]
-hash_seed  = %q
-table_size = 251
-
 [discovery.consul]
 address = %q
 
 [fleet]
 name = %q
-`, box.Addr4, e2eSeed, consulAddr, box.Name)
+`, consulAddr, box.Name)
 	for _, svc := range []struct {
 		name string
 		port int

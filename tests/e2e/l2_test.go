@@ -31,26 +31,8 @@ var (
 
 func l2Config(vips ...netip.Addr) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, `
-[daemon]
-admin_socket   = "{{socket}}"
-metrics_listen = []
-bpffs          = "{{bpffs}}"
-
-[datapath]
-interfaces    = ["eth0"]
-mode          = "dsr"
-dsr_dispatch  = "ipip"
-conntrack_max = 65536
-max_services  = 16
-max_backends  = 64
-
-[maglev]
-hash_seed  = %q
-table_size = 251
-
-[l2]
-`, e2eSeed)
+	b.WriteString(boxHead("[]", "dsr", 251))
+	b.WriteString("\n[l2]\n")
 	for i, v := range vips {
 		prefix := topo.Prefix4
 		if v.Is6() {
