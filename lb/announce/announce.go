@@ -36,8 +36,12 @@ type Service struct {
 	Programmed bool
 	// Healthy counts the backends that take new flows and pass their
 	// health checks (or have none).
-	Healthy  int
-	Announce lb.Announce
+	Healthy int
+	// Unchecked counts the backends that take new flows but have not
+	// passed a check yet (just started or added): they do not count as
+	// healthy, and the reason says so.
+	Unchecked int
+	Announce  lb.Announce
 }
 
 // VIP is the decision about one address.
@@ -76,7 +80,11 @@ func Decide(svcs []Service, minHealthy int) []VIP {
 		case !s.Programmed:
 			why[s.VIP] = append(why[s.VIP], fmt.Sprintf("service %q is not programmed", s.Name))
 		case s.Healthy < need:
-			why[s.VIP] = append(why[s.VIP], fmt.Sprintf("service %q has %d healthy backends, needs %d", s.Name, s.Healthy, need))
+			r := fmt.Sprintf("service %q has %d healthy backends, needs %d", s.Name, s.Healthy, need)
+			if s.Unchecked > 0 {
+				r += fmt.Sprintf(" (%d not checked yet)", s.Unchecked)
+			}
+			why[s.VIP] = append(why[s.VIP], r)
 		default:
 			v.Announced = true
 		}

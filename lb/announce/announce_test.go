@@ -39,6 +39,12 @@ func TestDecide(t *testing.T) {
 			want: []VIP{{Addr: a, Services: []string{"web"}, Reason: `service "web" has 1 healthy backends, needs 2`}},
 		},
 		{
+			name: "backends not checked yet do not count",
+			svcs: []Service{{Name: "web", VIP: a, Programmed: true, Healthy: 1, Unchecked: 2}},
+			min:  2,
+			want: []VIP{{Addr: a, Services: []string{"web"}, Reason: `service "web" has 1 healthy backends, needs 2 (2 not checked yet)`}},
+		},
+		{
 			name: "per-service threshold wins over the announcer's",
 			svcs: []Service{{Name: "web", VIP: a, Programmed: true, Healthy: 2, Announce: lb.Announce{MinHealthy: 3}}},
 			min:  1,

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"reflect"
 	"sync"
+	"time"
 
 	"github.com/l4lb/l4lb/lb"
 	"github.com/l4lb/l4lb/lb/announce"
@@ -15,22 +16,33 @@ import (
 	"github.com/l4lb/l4lb/lb/health"
 )
 
-// announcers are the running VIP announcers; nil fields are off.
+// recheckEvery is how often the announcement is decided again while a
+// backend waits for its first passed check: the checker reports changes of
+// state, and a backend that starts up and passes does not change.
+const recheckEvery = 100 * time.Millisecond
+
+// announcers are the running VIP announcers; nil fields are off. Control
+// loop only.
 type announcers struct {
 	bgp *announce.Speaker
 	l2  *announce.Responder
 	// l2cfg is what the responder was started with; it changes only with
 	// a restart.
 	l2cfg *config.L2
-	wg    sync.WaitGroup
+	// opened is true once the speaker got its first set (which opens the
+	// sessions).
+	opened bool
+	// recheck fires while some backend waits for its first passed check.
+	recheck *time.Timer
 }
 
 // startAnnouncers starts what [bgp] and [l2] ask for. restarting says that
 // this l4lbd adopted a datapath that kept forwarding, which graceful
 // restart tells the routers. Nothing is announced until the first
 // announce call, which opens the BGP sessions with the complete set.
-func (d *Daemon) startAnnouncers(ctx context.Context, cfg *config.Config, restarting bool) error {
-	a := &announcers{}
+func (d *Daemon) startAnnouncers(ctx context.Context, wg *sync.WaitGroup, cfg *config.Config, restarting bool) error {
+	a := &announcers{recheck: time.NewTimer(time.Hour)}
+	a.recheck.Stop()
 	if cfg.BGP != nil {
 		s, err := announce.NewSpeaker(cfg.BGP, announce.SpeakerOptions{Log: d.log, Restarting: restarting && cfg.BGP.GracefulRestart})
 		if err != nil {
@@ -47,9 +59,9 @@ func (d *Daemon) startAnnouncers(ctx context.Context, cfg *config.Config, restar
 			return err
 		}
 		a.l2, a.l2cfg = r, cfg.L2
-		a.wg.Add(1)
+		wg.Add(1)
 		go func() {
-			defer a.wg.Done()
+			defer wg.Done()
 			r.Run(ctx)
 		}()
 	}
@@ -57,25 +69,26 @@ func (d *Daemon) startAnnouncers(ctx context.Context, cfg *config.Config, restar
 	return nil
 }
 
-// stopAnnouncers ends the announcers as [bgp] on_stop says: a drain
+// stopAnnouncers ends the BGP speaker as [bgp] on_stop says: a drain
 // withdraws and waits while the datapath still forwards; a keep leaves the
-// routes to the routers' graceful restart.
+// routes to the routers' graceful restart. The L2 responder answers until
+// Run's context ends, after this.
 func (d *Daemon) stopAnnouncers() {
-	a := d.ann
-	if a == nil {
-		return
-	}
-	if a.bgp != nil {
+	if a := d.ann; a != nil && a.bgp != nil {
 		b := d.cfg.BGP
 		a.bgp.Stop(b.OnStop, b.DrainTime)
 	}
-	a.wg.Wait()
 }
 
-// announceInputs is what the announcers need of every served service, from
-// what this pass programmed and the health states it programmed with.
-func announceInputs(svcs []lb.Service, index map[lb.Frontend]*programmedService, states map[health.Key]health.Status) []announce.Service {
-	out := make([]announce.Service, 0, len(svcs))
+// announceInputs is what the announcers need of every served service,
+// from what the view programmed and the health states given. A checked
+// backend counts as healthy once a probe of it passed and it is up: the
+// checker starts backends up, so that the datapath serves at once after a
+// restart, but an announcement draws traffic to the box and waits for the
+// evidence. waiting says that some backend has not passed yet, unprobed
+// that some has not even had a probe end.
+func announceInputs(svcs []lb.Service, index map[lb.Frontend]*programmedService, states map[health.Key]health.Status) (out []announce.Service, waiting, unprobed bool) {
+	out = make([]announce.Service, 0, len(svcs))
 	for _, svc := range svcs {
 		ps, ok := index[svc.Frontend]
 		in := announce.Service{
@@ -89,9 +102,14 @@ func announceInputs(svcs []lb.Service, index map[lb.Frontend]*programmedService,
 				continue
 			}
 			if svc.Health.Type != lb.HealthNone {
-				// Counted like the datapath counts it: a backend not
-				// probed yet is up.
-				if st, ok := states[health.Key{Service: svc.Name, Backend: b.Addr}]; ok && st.State != health.Up {
+				st, ok := states[health.Key{Service: svc.Name, Backend: b.Addr}]
+				if !ok || st.State != health.Up {
+					continue
+				}
+				if !st.Passed {
+					in.Unchecked++
+					waiting = true
+					unprobed = unprobed || st.LastCheck.IsZero()
 					continue
 				}
 			}
@@ -99,21 +117,49 @@ func announceInputs(svcs []lb.Service, index map[lb.Frontend]*programmedService,
 		}
 		out = append(out, in)
 	}
-	return out
+	return out, waiting, unprobed
 }
 
 // announce applies the rule to the view's services and hands each
-// announcer its set. It runs on the control loop after every pass.
-func (d *Daemon) announce(v *view) {
+// announcer its set. It runs on the control loop after every pass, with
+// the states the pass programmed.
+func (d *Daemon) announce(v *view) { d.announceWith(v, v.health) }
+
+// reannounce decides again on the current view with the checks' current
+// states, while a backend waits for its first passed check.
+func (d *Daemon) reannounce() {
+	v := *d.view.Load()
+	d.announceWith(&v, d.health.States())
+	d.view.Store(&v)
+}
+
+// recheckC fires when reannounce is due; nil (never) without announcers.
+func (d *Daemon) recheckC() <-chan time.Time {
+	if d.ann == nil {
+		return nil
+	}
+	return d.ann.recheck.C
+}
+
+func (d *Daemon) announceWith(v *view, states map[health.Key]health.Status) {
 	a := d.ann
 	if a == nil {
 		return
 	}
-	in := announceInputs(v.services, v.index, v.health)
+	in, waiting, unprobed := announceInputs(v.services, v.index, states)
+	if waiting {
+		a.recheck.Reset(recheckEvery)
+	}
 	if a.bgp != nil {
 		v.bgpVIPs = announce.Decide(in, a.bgp.MinHealthy())
-		if err := a.bgp.Set(announce.Announced(v.bgpVIPs)); err != nil {
-			d.log.Error("BGP announcement", "error", err)
+		// The first set opens the sessions, and after a restart the
+		// routers drop the routes it lacks: wait until every backend
+		// has had a probe end, so that it is the complete set.
+		if a.opened || !unprobed {
+			a.opened = true
+			if err := a.bgp.Set(announce.Announced(v.bgpVIPs)); err != nil {
+				d.log.Error("BGP announcement", "error", err)
+			}
 		}
 	}
 	if a.l2 != nil {

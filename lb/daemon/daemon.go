@@ -214,6 +214,13 @@ func (d *Daemon) Run(ctx context.Context) error {
 	d.health = health.New(health.Options{Log: d.log})
 	defer d.health.Stop()
 
+	// Everything started below ends with ctx, on any return: the
+	// goroutines in wg are waited for once it is cancelled.
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+
 	stopConsul, err := d.startConsul(ctx)
 	if err != nil {
 		return err
@@ -230,19 +237,16 @@ func (d *Daemon) Run(ctx context.Context) error {
 	}
 	// Announce only once the datapath forwards what is announced. After a
 	// restart the routers kept the routes (graceful restart) meanwhile.
-	if err := d.startAnnouncers(ctx, cfg, len(st.Services) > 0); err != nil {
+	if err := d.startAnnouncers(ctx, &wg, cfg, len(st.Services) > 0); err != nil {
 		return err
 	}
-	if err := d.startFleet(ctx, cfg); err != nil {
+	// On any return, before ctx ends: a drain withdraws the VIPs while
+	// the datapath, the admin API and the L2 answers still work.
+	defer d.stopAnnouncers()
+	if err := d.startFleet(ctx, &wg, cfg); err != nil {
 		return err
 	}
-	defer d.stopFleet()
 	d.apply()
-
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var wg sync.WaitGroup
-	defer wg.Wait()
 
 	ln, err := api.Listen(cfg.Daemon.AdminSocket)
 	if err != nil {
@@ -280,7 +284,6 @@ func (d *Daemon) Run(ctx context.Context) error {
 	d.log.Info("l4lbd ready", "interfaces", cfg.Datapath.Interfaces, "services", len(d.view.Load().services))
 	err = d.loop(ctx)
 	notify(sddaemon.SdNotifyStopping)
-	d.stopAnnouncers()
 	return err
 }
 
@@ -356,6 +359,9 @@ func (d *Daemon) loop(ctx context.Context) error {
 				}
 			}
 		case <-d.drainTimer.C:
+		case <-d.recheckC():
+			d.reannounce()
+			continue
 		case req := <-d.requests:
 			err := req.f()
 			if req.ping {
@@ -482,6 +488,10 @@ func restartOnly(old, cur *config.Config) []string {
 	}
 	if !reflect.DeepEqual(old.Fleet, cur.Fleet) {
 		out = append(out, "[fleet]")
+	} else if cur.Fleet != nil && !reflect.DeepEqual(old.Consul, cur.Consul) {
+		// The Consul source follows at once; the fleet check keeps its
+		// agent and token until then.
+		out = append(out, "[discovery.consul] for the fleet check")
 	}
 	if old.Daemon.AdminSocket != cur.Daemon.AdminSocket || old.Daemon.BPFFS != cur.Daemon.BPFFS ||
 		!slices.Equal(old.Daemon.MetricsListen, cur.Daemon.MetricsListen) {

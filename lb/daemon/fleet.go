@@ -19,8 +19,7 @@ import (
 
 // fleetRun is the running fleet check (with [discovery.consul]).
 type fleetRun struct {
-	f  *consul.Fleet
-	wg sync.WaitGroup
+	f *consul.Fleet
 	// local is the record last handed to Publish; control loop only.
 	local fleet.Box
 	// cur is the same, for readers of the view.
@@ -28,8 +27,9 @@ type fleetRun struct {
 	cur fleet.Box
 }
 
-// startFleet starts publishing and watching when cfg asks for it.
-func (d *Daemon) startFleet(ctx context.Context, cfg *config.Config) error {
+// startFleet starts publishing and watching when cfg asks for it, until
+// ctx ends (the record is then removed).
+func (d *Daemon) startFleet(ctx context.Context, wg *sync.WaitGroup, cfg *config.Config) error {
 	if cfg.Fleet == nil || cfg.Consul == nil {
 		return nil
 	}
@@ -38,20 +38,14 @@ func (d *Daemon) startFleet(ctx context.Context, cfg *config.Config) error {
 		return err
 	}
 	r := &fleetRun{f: f}
-	r.wg.Add(1)
+	wg.Add(1)
 	go func() {
-		defer r.wg.Done()
+		defer wg.Done()
 		f.Run(ctx)
 	}()
 	d.fleet = r
 	d.log.Info("fleet check publishing this box", "box", f.Name(), "kv_prefix", cfg.Fleet.KVPrefix)
 	return nil
-}
-
-func (d *Daemon) stopFleet() {
-	if d.fleet != nil {
-		d.fleet.wg.Wait()
-	}
 }
 
 // publishFleet hands the fleet check this view's record when it changed.
