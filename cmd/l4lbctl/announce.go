@@ -193,13 +193,12 @@ func printFleet(out io.Writer, f api.Fleet) error {
 	}
 	fmt.Fprintln(out)
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "BOX\tSEED\tVERSION\tSERVICES\tUPDATED")
+	fmt.Fprintln(tw, "BOX\tSEED\tVERSION\tSERVICES\tCHANGED\tLAST SEEN")
 	for _, b := range f.Boxes {
-		updated := "-"
-		if !b.Updated.IsZero() {
-			updated = time.Since(b.Updated).Round(time.Second).String() + " ago"
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\n", b.Name, b.SeedFingerprint, dash(b.Version), len(b.Services), updated)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", b.Name, b.SeedFingerprint, dash(b.Version), len(b.Services), ago(b.Updated), ago(b.LastSeen))
+	}
+	for _, g := range f.Gone {
+		fmt.Fprintf(tw, "%s\t(gone: its record went with its session)\t\t\t\t%s\n", g.Name, ago(g.LastSeen))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -227,6 +226,14 @@ func printFleet(out io.Writer, f api.Fleet) error {
 		fmt.Fprintln(tw, "\t")
 	}
 	return tw.Flush()
+}
+
+// ago says how long ago t was, to the second; "-" for never.
+func ago(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return time.Since(t).Round(time.Second).String() + " ago"
 }
 
 func sortedKeys[V any](m map[string]V) []string {

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"slices"
 	"strings"
@@ -40,6 +41,10 @@ type FleetOptions struct {
 	RetryMin, RetryMax time.Duration
 }
 
+// goneFor is how long a box whose record went is remembered, for
+// operators asking where it went.
+const goneFor = time.Hour
+
 // FleetStatus says how current the fleet view is.
 type FleetStatus struct {
 	// LastSync is when Consul last answered the watch.
@@ -47,6 +52,9 @@ type FleetStatus struct {
 	// Error is the latest failure publishing or watching; empty when
 	// both work.
 	Error string
+	// Gone maps the boxes whose records went within goneFor to when they
+	// were last seen.
+	Gone map[string]time.Time
 }
 
 // Fleet publishes this box's record and watches the others'. Its methods
@@ -63,6 +71,7 @@ type Fleet struct {
 	// local is the record to publish; published the one Consul holds.
 	local, published []byte
 	boxes            []fleet.Box
+	gone             map[string]time.Time
 	lastSync         time.Time
 	pubErr, watchErr error
 }
@@ -123,7 +132,7 @@ func (f *Fleet) Publish(b fleet.Box) {
 func (f *Fleet) Boxes() ([]fleet.Box, FleetStatus) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	st := FleetStatus{LastSync: f.lastSync}
+	st := FleetStatus{LastSync: f.lastSync, Gone: maps.Clone(f.gone)}
 	if err := errors.Join(f.pubErr, f.watchErr); err != nil {
 		st.Error = err.Error()
 	}
@@ -298,6 +307,7 @@ func (f *Fleet) watchLoop(ctx context.Context) {
 			continue
 		}
 		retry = f.opts.RetryMin
+		now := time.Now()
 		var boxes []fleet.Box
 		for _, p := range pairs {
 			// A record no session holds belongs to no live box.
@@ -309,12 +319,33 @@ func (f *Fleet) watchLoop(ctx context.Context) {
 				f.log.Warn("fleet check: ignoring a record that is not a fleet box", "key", p.Key, "error", err)
 				continue
 			}
+			b.Seen = now
 			boxes = append(boxes, b)
 		}
 		f.mu.Lock()
-		f.boxes, f.lastSync = boxes, time.Now()
+		f.gone = goneBoxes(f.gone, f.boxes, boxes, now)
+		f.boxes, f.lastSync = boxes, now
 		f.mu.Unlock()
 		f.setErr(&f.watchErr, nil)
 		index = nextIndex(index, meta.LastIndex)
 	}
+}
+
+// goneBoxes updates gone (name: last seen) from one answer of the watch to
+// the next: boxes of prev missing from cur are gone since they were last
+// seen, boxes in cur are back, and entries older than goneFor are dropped.
+func goneBoxes(gone map[string]time.Time, prev, cur []fleet.Box, now time.Time) map[string]time.Time {
+	out := map[string]time.Time{}
+	for name, seen := range gone {
+		if now.Sub(seen) < goneFor {
+			out[name] = seen
+		}
+	}
+	for _, b := range prev {
+		out[b.Name] = b.Seen
+	}
+	for _, b := range cur {
+		delete(out, b.Name)
+	}
+	return out
 }

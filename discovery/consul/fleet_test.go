@@ -90,6 +90,9 @@ func TestFleet(t *testing.T) {
 
 	b2.Stop()
 	waitBoxes(t, b1.f, nil, "lb1")
+	if _, st := b1.f.Boxes(); st.Gone["lb2"].IsZero() || st.Gone["lb2"].Before(start) {
+		t.Errorf("lb1 does not remember lb2 as gone since its last sighting: %v", st.Gone)
+	}
 
 	// A crashed lb2 left its session holding the key: the next lb2 takes
 	// the key back rather than fail.
@@ -106,6 +109,9 @@ func TestFleet(t *testing.T) {
 	waitBoxes(t, b1.f, func(bs []fleet.Box) bool {
 		return len(fleet.Compare(bs).Mismatches) == 0 && len(fleet.Compare(bs).Seeds) == 1
 	}, "lb1", "lb2")
+	if _, st := b1.f.Boxes(); len(st.Gone) != 0 {
+		t.Errorf("lb2 is back but still listed as gone: %v", st.Gone)
+	}
 
 	// A box of another name cannot take lb1's record.
 	sess2, _, err := a.API.Session().Create(&api.SessionEntry{Name: "something else", TTL: "60s"}, nil)

@@ -243,6 +243,9 @@ type Fleet struct {
 	Missing map[string][]string `json:"missing,omitempty"`
 	// Warnings say the above in sentences.
 	Warnings []string `json:"warnings,omitempty"`
+	// Gone are the boxes that left the fleet lately; they are not
+	// compared.
+	Gone []FleetGone `json:"gone,omitempty"`
 }
 
 // FleetBox is one box's record.
@@ -251,8 +254,19 @@ type FleetBox struct {
 	Version         string `json:"version,omitempty"`
 	SeedFingerprint string `json:"seed_fingerprint"`
 	// Updated is when the box last changed its record.
-	Updated  time.Time      `json:"updated,omitzero"`
+	Updated time.Time `json:"updated,omitzero"`
+	// LastSeen is when the box was last found running: its record in
+	// Consul, held by its live session, as of Consul's last answer (this
+	// box: now); for `fleet compare`, when it answered.
+	LastSeen time.Time      `json:"last_seen,omitzero"`
 	Services []FleetService `json:"services"`
+}
+
+// FleetGone is a box whose record went (it stopped, or its Consul session
+// expired) within the last hour.
+type FleetGone struct {
+	Name     string    `json:"name"`
+	LastSeen time.Time `json:"last_seen"`
 }
 
 // FleetService is one service of a box.

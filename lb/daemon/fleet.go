@@ -5,6 +5,7 @@ package daemon
 import (
 	"context"
 	"fmt"
+	"maps"
 	"reflect"
 	"slices"
 	"strings"
@@ -87,6 +88,7 @@ func (d *Daemon) fleetReport() (fleet.Report, consul.FleetStatus, bool) {
 	r.mu.Unlock()
 	boxes = slices.DeleteFunc(boxes, func(b fleet.Box) bool { return b.Name == self.Name })
 	if self.Name != "" {
+		self.Seen = time.Now()
 		boxes = append(boxes, self)
 	}
 	return fleet.Compare(boxes), st, true
@@ -100,5 +102,8 @@ func (d *Daemon) Fleet() (api.Fleet, error) {
 	}
 	out := rep.API(d.fleet.f.Name())
 	out.LastSync, out.Error = st.LastSync, st.Error
+	for _, name := range slices.Sorted(maps.Keys(st.Gone)) {
+		out.Gone = append(out.Gone, api.FleetGone{Name: name, LastSeen: st.Gone[name]})
+	}
 	return out, nil
 }

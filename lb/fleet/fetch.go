@@ -43,7 +43,7 @@ func fetchAdmin(ctx context.Context, name, socket string) (Box, error) {
 	if err != nil {
 		return Box{}, fmt.Errorf("%s: %w", name, err)
 	}
-	b := Box{Name: name, Version: st.Version, SeedFingerprint: st.SeedFingerprint}
+	b := Box{Name: name, Version: st.Version, SeedFingerprint: st.SeedFingerprint, Seen: time.Now()}
 	for _, s := range svcs {
 		if s.Fingerprint != "" {
 			b.Services = append(b.Services, Service{Name: s.Name, Frontend: s.Frontend, Fingerprint: s.Fingerprint})
@@ -80,6 +80,7 @@ func fetchMetrics(ctx context.Context, target string) (Box, error) {
 	if err != nil {
 		return Box{}, fmt.Errorf("%s: %w", u, err)
 	}
+	b.Seen = time.Now()
 	return b, nil
 }
 

@@ -29,6 +29,10 @@ type Box struct {
 	Services        []Service `json:"services"`
 	// Updated is when the box last changed its record.
 	Updated time.Time `json:"updated,omitzero"`
+	// Seen is when the reader last found the record held by a running
+	// box (Consul answered with it; its metrics or socket answered). It is
+	// the reader's, not published.
+	Seen time.Time `json:"-"`
 }
 
 // Service is one service a box serves, as programmed.
@@ -159,7 +163,7 @@ func (r Report) Mismatched(self string) map[string]bool {
 func (r Report) API(self string) api.Fleet {
 	out := api.Fleet{Self: self, Boxes: []api.FleetBox{}, Frontends: []api.FleetFrontend{}, Mismatches: []api.FleetFrontend{}, Warnings: r.Warnings()}
 	for _, b := range r.Boxes {
-		ab := api.FleetBox{Name: b.Name, Version: b.Version, SeedFingerprint: b.SeedFingerprint, Updated: b.Updated, Services: []api.FleetService{}}
+		ab := api.FleetBox{Name: b.Name, Version: b.Version, SeedFingerprint: b.SeedFingerprint, Updated: b.Updated, LastSeen: b.Seen, Services: []api.FleetService{}}
 		for _, s := range b.Services {
 			ab.Services = append(ab.Services, api.FleetService{Name: s.Name, Frontend: s.Frontend, Fingerprint: s.Fingerprint})
 		}
