@@ -205,6 +205,11 @@ func TestFleetCheck(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFleet(t, d1, "forgetting lb2", 60*time.Second, func(f api.Fleet, _ api.Status) bool { return len(f.Boxes) == 1 && f.Boxes[0].Name == "lb1" })
+	out, err = fleetctl(t, nil, "--socket", d1.Socket, "fleet")
+	if err != nil || !strings.Contains(out, "LAST SEEN") || !strings.Contains(out, "lb2") || !strings.Contains(out, "gone") {
+		t.Errorf("l4lbctl fleet does not list lb2 as gone: %v\n%s", err, out)
+	}
+	t.Logf("l4lbctl fleet on lb1 after lb2 stopped:\n%s", out)
 }
 
 func grepLines(s, sub string) string {

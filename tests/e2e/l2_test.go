@@ -188,3 +188,42 @@ func TestL2Announcement(t *testing.T) {
 		t.Errorf("status shows no L2 answers: %+v", st.L2)
 	}
 }
+
+// TestL2Capabilities proves systemd/l4lb-l2.conf: with [l2], l4lbd needs
+// CAP_NET_RAW on top of the unit's three capabilities, answers with it, and
+// without it refuses to start, naming it.
+func TestL2Capabilities(t *testing.T) {
+	unit := []string{"bpf", "net_admin", "perfmon"}
+	for _, raw := range []bool{true, false} {
+		name := "with net_raw"
+		caps := append(append([]string{}, unit...), "net_raw")
+		if !raw {
+			name, caps = "without net_raw", unit
+		}
+		t.Run(name, func(t *testing.T) {
+			tp := topo.New(t, topo.Options{LBs: 1, Backends: 2})
+			for _, be := range tp.Backends {
+				be.HoldVIPs(l2VIP)
+				be.StartCompanion(l4lbd(), l2VIP.String())
+				be.Serve(netip.AddrPortFrom(l2VIP, 80))
+			}
+			if raw {
+				d := tp.LBs[0].StartL4LBDWrapped(capSet(caps...), l4lbd(), l2Config(l2VIP))
+				c, err := tp.Client.DialTCP(0, netip.AddrPortFrom(l2VIP, 80))
+				if err != nil {
+					t.Fatalf("connect to %s with capabilities %v: %v\n%s", l2VIP, caps, err, d.Log())
+				}
+				c.Abort()
+				return
+			}
+			failed, log := (&topoStart{h: tp.LBs[0]}).run(t, capSet(caps...), l2Config(l2VIP))
+			if failed == nil {
+				t.Fatalf("l4lbd with [l2] started without CAP_NET_RAW:\n%s", log)
+			}
+			if !strings.Contains(log, "CAP_NET_RAW") {
+				t.Errorf("l4lbd's error does not name CAP_NET_RAW:\n%s", log)
+			}
+			t.Logf("without CAP_NET_RAW: %s", grepLines(log, "CAP_NET_RAW"))
+		})
+	}
+}
