@@ -29,7 +29,10 @@ func freePort(t *testing.T) int {
 // loopbackRouter runs BIRD as AS 65000 on 127.0.0.1:port, waiting for a
 // session from AS 65001 and keeping what it learns in its tables only (no
 // kernel protocol: the test's own routing table is never touched).
-func loopbackRouter(t *testing.T, port int) *bird.Router {
+func loopbackRouter(t *testing.T, port int) *bird.Router { return loopbackRouterWith(t, port, "") }
+
+// loopbackRouterWith is loopbackRouter with more options for protocol lb.
+func loopbackRouterWith(t *testing.T, port int, extra string) *bird.Router {
 	dir := t.TempDir()
 	conf := fmt.Sprintf(`
 router id 192.0.2.1;
@@ -48,8 +51,9 @@ protocol bgp lb {
 	graceful restart on;
 	ipv4 { import all; export none; };
 	ipv6 { import all; export none; };
+	%s
 }
-`, dir, port)
+`, dir, port, extra)
 	return bird.Start(t, dir, nil, conf)
 }
 
@@ -163,6 +167,25 @@ func TestSpeakerAgainstBIRD(t *testing.T) {
 		t.Fatalf("Reconfigure = %v, %v", restart, err)
 	}
 	waitRoutes(t, r, "the new community", has("(65001,200)"))
+}
+
+// TestSpeakerPassword: with a TCP-MD5 key on both sides the session comes
+// up; BIRD drops every segment that does not carry it, so this proves the
+// speaker signs them.
+func TestSpeakerPassword(t *testing.T) {
+	port := freePort(t)
+	r := loopbackRouterWith(t, port, `password "l4lb-test-key";`)
+	cfg := speakerConfig(port)
+	cfg.Peers[0].Password = "l4lb-test-key"
+	s, err := NewSpeaker(cfg, SpeakerOptions{Log: testLog(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Stop(config.StopDrain, 0)
+	if err := s.Set([]netip.Addr{netip.MustParseAddr("198.51.100.10")}); err != nil {
+		t.Fatal(err)
+	}
+	waitRoutes(t, r, "the VIP over the signed session", has("198.51.100.10/32"))
 }
 
 // TestSpeakerStop checks the two ways of stopping: drain withdraws before
