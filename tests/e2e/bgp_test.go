@@ -409,15 +409,7 @@ func TestBGPScaleOut(t *testing.T) {
 				t.Fatalf("%s was announced before any of its backends passed a check: router next hops %v", flapVIP, nh)
 			}
 		}
-		st, err := boxes[0].API().BGP(context.Background())
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, v := range st.VIPs {
-			if v.VIP == flapVIP.String() && (v.Announced || !strings.Contains(v.Reason, "0 healthy backends")) {
-				t.Errorf("bgp status for %s with its backends down: %+v", flapVIP, v)
-			}
-		}
+		checkWithheld(t, boxes[0], flapVIP, "0 healthy backends")
 		for _, be := range tp.Backends {
 			flapServers = append(flapServers, be.Serve(netip.AddrPortFrom(flapVIP, flapPort)))
 		}
@@ -509,15 +501,7 @@ func TestBGPScaleOut(t *testing.T) {
 		if got := fib(t, tp, bgpVIP); len(got) != 2 {
 			t.Errorf("web's route changed with flap's: %v", got)
 		}
-		st, err := boxes[0].API().BGP(context.Background())
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, v := range st.VIPs {
-			if v.VIP == flapVIP.String() && (v.Announced || !strings.Contains(v.Reason, "0 healthy backends")) {
-				t.Errorf("bgp status for %s: %+v", flapVIP, v)
-			}
-		}
+		checkWithheld(t, boxes[0], flapVIP, "0 healthy backends")
 		if out, err := exec.Command(filepath.Join(bin, "l4lbctl"), "--socket", boxes[0].Socket, "bgp", "status").CombinedOutput(); err != nil ||
 			!strings.Contains(string(out), "established") || !strings.Contains(string(out), flapVIP.String()) {
 			t.Errorf("l4lbctl bgp status: %v\n%s", err, out)
@@ -633,6 +617,20 @@ func TestBGPScaleOut(t *testing.T) {
 			}
 		}
 	})
+}
+
+// checkWithheld checks that d's bgp status has vip withheld for reason.
+func checkWithheld(t *testing.T, d *topo.L4LBD, vip netip.Addr, reason string) {
+	t.Helper()
+	st, err := d.API().BGP(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range st.VIPs {
+		if v.VIP == vip.String() && (v.Announced || !strings.Contains(v.Reason, reason)) {
+			t.Errorf("%s: bgp status for %s: %+v, want withheld: %s", d.Host.Name, vip, v, reason)
+		}
+	}
 }
 
 // routerChoice asks the router's kernel which LB box it forwards a client
