@@ -255,6 +255,7 @@ func printStatus(out io.Writer, st api.Status) error {
 			fmt.Fprintf(tw, "\t  %s\n", e)
 		}
 	}
+	announceSummary(tw, st)
 	if err := tw.Flush(); err != nil {
 		return err
 	}

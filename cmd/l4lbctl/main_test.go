@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"net/http/httptest"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -14,7 +15,12 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/l4lb/l4lb/lb"
+	"github.com/l4lb/l4lb/lb/api"
 	"github.com/l4lb/l4lb/lb/maglev"
+	"github.com/l4lb/l4lb/lb/metrics"
 )
 
 // run executes l4lbctl with args and returns stdout, stderr and the error.
@@ -363,5 +369,40 @@ func TestConfigDiffOffline(t *testing.T) {
 		if !strings.Contains(text, w) {
 			t.Errorf("table output lacks %q:\n%s", w, text)
 		}
+	}
+}
+
+// metricsServer serves an l4lbd-like exposition with one service.
+func metricsServer(t *testing.T, seed, fingerprint string) string {
+	t.Helper()
+	snap := metrics.Snapshot{SeedFingerprint: seed, Services: []metrics.Service{{
+		Name: "web", Frontend: lb.Frontend{Addr: netip.MustParseAddr("10.0.0.10"), Port: 80, Proto: lb.TCP}, Mode: lb.ModeDSR, Fingerprint: fingerprint,
+	}}}
+	reg := metrics.NewRegistry(metrics.SourceFunc(func() metrics.Snapshot { return snap }), nil, "test")
+	srv := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+func TestFleetCompare(t *testing.T) {
+	a := metricsServer(t, "seed1", "fp1")
+	b := metricsServer(t, "seed1", "fp1")
+	c := metricsServer(t, "seed1", "fp2")
+	out, _, err := run(t, "fleet", "compare", a, b)
+	if err != nil || !strings.Contains(out, "agree") {
+		t.Fatalf("identical boxes: %v\n%s", err, out)
+	}
+	out, _, err = run(t, "fleet", "compare", a, c)
+	var ee *exitError
+	if !errors.As(err, &ee) || ee.code != 1 || !strings.Contains(out, "MISMATCH service web (10.0.0.10:80/tcp)") || !strings.Contains(out, "fp2 !") {
+		t.Fatalf("different boxes: %v\n%s", err, out)
+	}
+	out, _, _ = run(t, "fleet", "compare", "-o", "json", a, c)
+	var f api.Fleet
+	if err := json.Unmarshal([]byte(out), &f); err != nil || len(f.Mismatches) != 1 || f.Mismatches[0].Fingerprints[strings.TrimPrefix(c, "http://")] != "fp2" {
+		t.Fatalf("JSON: %v %+v\n%s", err, f, out)
+	}
+	if _, _, err := run(t, "fleet", "compare", "ftp://x"); err == nil {
+		t.Error("a target that is neither a URL nor a socket was accepted")
 	}
 }

@@ -142,3 +142,15 @@ func (c *Client) Backend(ctx context.Context, service string, backend netip.Addr
 	var out struct{}
 	return c.do(ctx, http.MethodPost, "/services/"+url.PathEscape(service)+"/backends/"+url.PathEscape(backend.String())+"/"+string(action), &out)
 }
+
+// BGP returns the BGP speaker's state.
+func (c *Client) BGP(ctx context.Context) (BGPStatus, error) {
+	var b BGPStatus
+	return b, c.get(ctx, "/bgp", &b)
+}
+
+// Fleet returns the fleet check's view.
+func (c *Client) Fleet(ctx context.Context) (Fleet, error) {
+	var f Fleet
+	return f, c.get(ctx, "/fleet", &f)
+}

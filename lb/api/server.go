@@ -25,6 +25,10 @@ type Provider interface {
 	Maglev(service string) (MaglevTable, error)
 	// Lookup says where a client's flow to the service goes.
 	Lookup(service string, client netip.AddrPort) (Lookup, error)
+	// BGP returns the speaker's state; ErrNotFound when BGP is off.
+	BGP() (BGPStatus, error)
+	// Fleet returns the fleet check's view; ErrNotFound when it is off.
+	Fleet() (Fleet, error)
 	// Backend applies a runtime override and returns once it is
 	// programmed.
 	Backend(ctx context.Context, service string, backend netip.AddrPort, action BackendAction) error
@@ -128,6 +132,22 @@ func NewServer(p Provider, log *slog.Logger) *Server {
 			return
 		}
 		writeJSON(w, http.StatusOK, d)
+	})
+	s.mux.HandleFunc("GET "+Version+"/bgp", func(w http.ResponseWriter, _ *http.Request) {
+		b, err := s.p.BGP()
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, b)
+	})
+	s.mux.HandleFunc("GET "+Version+"/fleet", func(w http.ResponseWriter, _ *http.Request) {
+		f, err := s.p.Fleet()
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, f)
 	})
 	s.mux.HandleFunc("GET "+Version+"/conntrack", func(w http.ResponseWriter, _ *http.Request) {
 		c, err := s.p.Conntrack()

@@ -153,7 +153,7 @@ func decodeErrorMsg(de *toml.DecodeError) string {
 		want := "a table"
 		if len(key) > 0 {
 			switch key[len(key)-1] {
-			case "service", "backend":
+			case "service", "backend", "peer":
 				want = "an array of tables ([[" + name + "]])"
 			default:
 				want = "a table ([" + name + "])"

@@ -122,6 +122,14 @@ type Config struct {
 	// MapMemory is the estimated kernel memory of the datapath maps;
 	// zero when Options.Host could not tell.
 	MapMemory MapMemory
+	// BGP is nil when [bgp] is absent: no VIP is announced over BGP.
+	BGP *BGP
+	// L2 is nil when [l2] is absent: no ARP or neighbour solicitation for
+	// a VIP is answered.
+	L2 *L2
+	// Fleet is nil when the fleet check does not publish (no
+	// [discovery.consul], or fleet.publish = false).
+	Fleet *Fleet
 }
 
 // Daemon holds the settings of the l4lbd process itself.

@@ -401,6 +401,33 @@ protocol = "tcp"
 				c := base()
 				c.Consul = &Consul{Address: "127.0.0.1:8500", Tag: "l4lb", KVPrefix: "l4lb/services/", Stale: true, WarningState: lb.Active}
 				c.Kubernetes = &Kubernetes{LoadBalancerClass: "l4lb.io/l4lb"}
+				c.Fleet = &Fleet{KVPrefix: "l4lb/fleet/", SessionTTL: 15 * time.Second}
+				return c
+			},
+		},
+		{
+			name: "bgp and l2 defaults",
+			doc:  head + "[bgp]\nasn = 65001\nrouter_id = \"10.0.0.2\"\n[[bgp.peer]]\naddress = \"2001:db8::1\"\nasn = 65000\n[l2]\n",
+			want: func() *Config {
+				c := base()
+				c.BGP = &BGP{
+					ASN: 65001, RouterID: netip.MustParseAddr("10.0.0.2"), MinHealthy: 1,
+					GracefulRestart: true, RestartTime: 120 * time.Second, OnStop: StopKeep, DrainTime: 5 * time.Second,
+					Peers: []BGPPeer{{
+						Address: netip.MustParseAddr("2001:db8::1"), ASN: 65000, Port: 179,
+						HoldTime: 90 * time.Second, Keepalive: 30 * time.Second, ConnectRetry: 5 * time.Second, IPv6: true,
+					}},
+				}
+				c.L2 = &L2{Interfaces: c.Datapath.Interfaces, MinHealthy: 1}
+				return c
+			},
+		},
+		{
+			name: "fleet without publishing",
+			doc:  head + "[discovery.consul]\n[fleet]\npublish = false\n",
+			want: func() *Config {
+				c := base()
+				c.Consul = &Consul{Address: "127.0.0.1:8500", Tag: "l4lb", KVPrefix: "l4lb/services/", Stale: true, WarningState: lb.Active}
 				return c
 			},
 		},
@@ -432,6 +459,7 @@ load_balancer_class = "example.com/lb"
 					TLSServerName: "consul", WarningState: lb.Draining, RegisterSelf: true,
 				}
 				c.Kubernetes = &Kubernetes{Kubeconfig: "/etc/l4lb/kubeconfig", LoadBalancerClass: "example.com/lb"}
+				c.Fleet = &Fleet{KVPrefix: "l4lb/fleet/", SessionTTL: 15 * time.Second}
 				return c
 			},
 		},

@@ -149,11 +149,28 @@ func TestEtcDiscoveryBlockParses(t *testing.T) {
 	if cfg.Consul == nil || cfg.Kubernetes == nil {
 		t.Fatalf("uncommenting did not enable both sources: consul %v, kubernetes %v", cfg.Consul, cfg.Kubernetes)
 	}
+	if cfg.BGP == nil || cfg.L2 == nil || cfg.Fleet == nil {
+		t.Fatalf("uncommenting did not enable [bgp], [l2] and [fleet]: %v %v %v", cfg.BGP, cfg.L2, cfg.Fleet)
+	}
 	// The documented values are the defaults: an uncommented block must
 	// behave exactly like an empty table.
 	empty, err := Parse("empty", []byte(head+"[discovery.consul]\n[discovery.kubernetes]\n"), Options{})
 	if err != nil {
 		t.Fatal(err)
+	}
+	// [bgp] has required keys; the rest must be the defaults.
+	minimal, err := Parse("minimal bgp", []byte(head+"[discovery.consul]\n[bgp]\nasn = 65001\nrouter_id = \"10.0.0.2\"\n[[bgp.peer]]\naddress = \"10.0.0.1\"\nasn = 65000\n[l2]\n[fleet]\n"), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(minimal.BGP, cfg.BGP, netipComparers); diff != "" {
+		t.Errorf("documented [bgp] values differ from the defaults (-default +etc):\n%s", diff)
+	}
+	if diff := cmp.Diff(minimal.L2, cfg.L2); diff != "" {
+		t.Errorf("documented [l2] values differ from the defaults (-default +etc):\n%s", diff)
+	}
+	if diff := cmp.Diff(minimal.Fleet, cfg.Fleet); diff != "" {
+		t.Errorf("documented [fleet] values differ from the defaults (-default +etc):\n%s", diff)
 	}
 	if *cfg.Consul != *empty.Consul || *cfg.Kubernetes != *empty.Kubernetes {
 		t.Errorf("documented discovery values differ from the defaults:\n%+v\n%+v\nvs\n%+v\n%+v", *cfg.Consul, *cfg.Kubernetes, *empty.Consul, *empty.Kubernetes)

@@ -226,6 +226,15 @@ func (c *checker) service(s scope, r *rawService, i int, d lb.Defaults) (lb.Serv
 			svc.DrainTimeout = t
 		}
 	}
+	if v, ok := s.boolean("announce", r.Announce); ok {
+		svc.Announce.Off = !v
+	}
+	if n, ok := s.intIn("announce_min_healthy", r.AnnounceMin, 1, maxMinHealthy, fmt.Sprintf("use 1..%d healthy backends", maxMinHealthy)); ok {
+		svc.Announce.MinHealthy = int(n)
+		if svc.Announce.Off {
+			s.errorf("announce_min_healthy", "announce_min_healthy has no effect with announce = false: remove one of them")
+		}
+	}
 	if vipOK {
 		svc.SourceRanges = c.sourceRanges(s, r.SourceRanges, svc.Frontend.Addr)
 	} else if r.SourceRanges != nil {

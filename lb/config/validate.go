@@ -55,6 +55,14 @@ func (c *checker) config(raw *rawFile, opts Options) *Config {
 			cfg.Kubernetes = c.kubernetes(d.Kubernetes)
 		}
 	}
+	if raw.BGP != nil {
+		cfg.BGP = c.bgp(raw.BGP)
+	}
+	if raw.L2 != nil {
+		cfg.L2 = c.l2(raw.L2, &cfg.Datapath)
+	}
+	cfg.Fleet = c.fleet(raw.Fleet, cfg.Consul)
+	c.fleetOverlap(cfg.Fleet, cfg.Consul, raw.Fleet != nil && raw.Fleet.KVPrefix != nil)
 	cfg.Services = c.services(raw.Service, cfg.Defaults(), "file:"+c.file)
 	c.capacity(cfg)
 	return cfg

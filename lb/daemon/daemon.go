@@ -15,6 +15,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"os"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -26,6 +27,7 @@ import (
 	"github.com/l4lb/l4lb/discovery"
 	"github.com/l4lb/l4lb/discovery/file"
 	"github.com/l4lb/l4lb/lb"
+	"github.com/l4lb/l4lb/lb/announce"
 	"github.com/l4lb/l4lb/lb/api"
 	"github.com/l4lb/l4lb/lb/config"
 	"github.com/l4lb/l4lb/lb/datapath"
@@ -76,6 +78,11 @@ type Daemon struct {
 	waiting bool
 	metrics *metrics.Recorder
 
+	// ann announces the VIPs (announce.go); nil before the first pass.
+	ann *announcers
+	// fleet is the fleet check (fleet.go); nil when off.
+	fleet *fleetRun
+
 	// The Consul source, when configured (consul.go).
 	consulRun atomic.Pointer[consulRun]
 	consulCtx context.Context // control loop only
@@ -108,6 +115,8 @@ type view struct {
 	recErr string
 	state  reconciler.State
 	cfg    *config.Config
+	// bgpVIPs and l2VIPs are the announcers' decisions for this view.
+	bgpVIPs, l2VIPs []announce.VIP
 }
 
 // New loads and validates the configuration; nothing touches the kernel yet.
@@ -236,6 +245,13 @@ func (d *Daemon) Run(ctx context.Context) error {
 	d.health = health.New(health.Options{Log: d.log})
 	defer d.health.Stop()
 
+	// Everything started below ends with ctx, on any return: the
+	// goroutines in wg are waited for once it is cancelled.
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+
 	stopConsul, err := d.startConsul(ctx)
 	if err != nil {
 		return err
@@ -255,11 +271,18 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if err := d.dp.Retire(); err != nil {
 		d.log.Error("could not finish moving pinned maps to their new layout; the old ones stay pinned", "error", err)
 	}
-
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var wg sync.WaitGroup
-	defer wg.Wait()
+	// Announce only once the datapath forwards what is announced. After a
+	// restart the routers kept the routes (graceful restart) meanwhile.
+	if err := d.startAnnouncers(ctx, &wg, cfg, len(st.Services) > 0); err != nil {
+		return err
+	}
+	// On any return, before ctx ends: a drain withdraws the VIPs while
+	// the datapath, the admin API and the L2 answers still work.
+	defer d.stopAnnouncers()
+	if err := d.startFleet(ctx, &wg, cfg); err != nil {
+		return err
+	}
+	d.apply()
 
 	ln, err := api.Listen(cfg.Daemon.AdminSocket)
 	if err != nil {
@@ -373,6 +396,9 @@ func (d *Daemon) loop(ctx context.Context) error {
 				}
 			}
 		case <-d.drainTimer.C:
+		case <-d.recheckC():
+			d.reannounce()
+			continue
 		case req := <-d.requests:
 			err := req.f()
 			if req.ping {
@@ -456,6 +482,9 @@ func (d *Daemon) doReload() error {
 	if err := d.reloadConsul(cfg); err != nil {
 		d.rejected(err)
 		return err
+	}
+	for _, w := range d.reloadAnnouncers(cfg) {
+		d.log.Warn("setting changed; it takes effect after a restart of l4lbd", "setting", w)
 	}
 	d.cfg = cfg
 	d.mu.Lock()
@@ -562,6 +591,12 @@ func keepRunning(running, cur *config.Config) []string {
 
 	diff("maglev.hash_seed", running.Maglev.Seed != cur.Maglev.Seed)
 	cur.Maglev.Seed, cur.Maglev.DevSeed = running.Maglev.Seed, running.Maglev.DevSeed
+
+	// The fleet check keeps its agent and token until a restart; the
+	// Consul source itself follows a reload at once.
+	sameFleet := reflect.DeepEqual(running.Fleet, cur.Fleet)
+	diff("[fleet]", !sameFleet)
+	diff("[discovery.consul] for the fleet check", sameFleet && cur.Fleet != nil && !reflect.DeepEqual(running.Consul, cur.Consul))
 	return out
 }
 
@@ -621,6 +656,8 @@ func (d *Daemon) apply() error {
 	if err != nil {
 		v.recErr = err.Error()
 	}
+	d.announce(v)
+	d.publishFleet(v)
 	d.view.Store(v)
 	return err
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/l4lb/l4lb/lb"
+	"github.com/l4lb/l4lb/lb/api"
 	"github.com/l4lb/l4lb/lb/health"
 	"github.com/l4lb/l4lb/lb/metrics"
 	"github.com/l4lb/l4lb/lb/reconciler"
@@ -87,6 +88,24 @@ func (d *Daemon) Snapshot() metrics.Snapshot {
 	d.mu.Lock()
 	snap.PendingRestart = append(snap.PendingRestart, d.pending...)
 	d.mu.Unlock()
+	snap.SeedFingerprint = seedFingerprint(v.cfg.Maglev.Seed)
+	if rep, _, ok := d.fleetReport(); ok {
+		snap.Fleet = &metrics.Fleet{Boxes: len(rep.Boxes), Mismatch: rep.Mismatched(d.fleet.f.Name())}
+	}
+	if b := d.bgpStatus(v); b != nil {
+		mb := &metrics.BGP{Announced: announcedCount(b.VIPs)}
+		for _, p := range b.Peers {
+			mb.Peers = append(mb.Peers, metrics.BGPPeer{Address: p.Address, Up: p.Up, Advertised: p.Advertised, UpdatesSent: p.UpdatesSent, UpdatesReceived: p.UpdatesReceived})
+		}
+		snap.BGP = mb
+	}
+	if l := d.l2Status(v); l != nil {
+		ml := &metrics.L2{Announced: announcedCount(l.VIPs)}
+		for _, i := range l.Interfaces {
+			ml.Interfaces = append(ml.Interfaces, metrics.L2Interface{Name: i.Name, ARPReplies: i.ARPReplies, NDReplies: i.NDReplies, Gratuitous: i.GratuitousSent})
+		}
+		snap.L2 = ml
+	}
 	return snap
 }
 
@@ -162,4 +181,13 @@ func (d *Daemon) countNewRefusals(now []metrics.Refusal) {
 			d.metrics.ServiceRefused(r.Reason)
 		}
 	}
+}
+
+func announcedCount(vips []api.AnnouncedVIP) (n int) {
+	for _, v := range vips {
+		if v.Announced {
+			n++
+		}
+	}
+	return n
 }

@@ -41,6 +41,14 @@ func (d *Daemon) Status() api.Status {
 		HealthWarnings:  v.healthWarnings,
 		ReconcileError:  v.recErr,
 		Discovery:       d.discoveryStatus(),
+		BGP:             d.bgpStatus(v),
+		L2:              d.l2Status(v),
+	}
+	if rep, fst, ok := d.fleetReport(); ok {
+		st.FleetWarnings = rep.Warnings()
+		if fst.Error != "" {
+			st.FleetWarnings = append(st.FleetWarnings, "fleet check failing: "+fst.Error)
+		}
 	}
 	for _, s := range v.state.Services {
 		st.Backends += len(s.Backends)

@@ -90,3 +90,29 @@ func scrape(t *testing.T, h *topo.Host, addr string) string {
 	}
 	return body
 }
+
+// boxHead is the start of an e2e l4lbd config: the daemon, datapath and
+// maglev tables, small maps, the test seed. metrics is daemon.metrics_listen
+// as TOML ("[]" for none), mode the datapath mode ("dsr" gets IPIP).
+func boxHead(metrics, mode string, tableSize int) string {
+	dsr := ""
+	if mode == "dsr" {
+		dsr = "mode          = \"dsr\"\ndsr_dispatch  = \"ipip\"\n"
+	}
+	return fmt.Sprintf(`
+[daemon]
+admin_socket   = "{{socket}}"
+metrics_listen = %s
+bpffs          = "{{bpffs}}"
+
+[datapath]
+interfaces    = ["eth0"]
+%sconntrack_max = 65536
+max_services  = 16
+max_backends  = 64
+
+[maglev]
+hash_seed  = %q
+table_size = %d
+`, metrics, dsr, e2eSeed, tableSize)
+}
