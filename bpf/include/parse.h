@@ -51,6 +51,7 @@ struct packet {
 #define PKT_IP_OPTS 0x1  /* IPv4 options: their syntax */
 #define PKT_IP6_EXT 0x2  /* IPv6 extension headers: order, TLVs, routing */
 #define PKT_UDP_LEN 0x4  /* UDP length shorter than the IP payload */
+#define PKT_TTL0    0x8  /* TTL / hop limit 0: no hop may forward it */
 
 /* The service-map key of the frontend a flow is addressed to. */
 static __always_inline void svc_key_of(struct svc_key *sk, const struct flow_key *k)
@@ -113,6 +114,8 @@ static __always_inline int parse_packet(void *data, void *data_end, struct packe
 			return L4LB_R_PASS_FRAGMENT;
 		if (hlen > sizeof(*iph))
 			p->checks |= PKT_IP_OPTS;
+		if (iph->ttl == 0)
+			p->checks |= PKT_TTL0;
 		p->family = 4;
 		p->l3_len = tot;
 		p->tos = iph->tos;
@@ -137,6 +140,8 @@ static __always_inline int parse_packet(void *data, void *data_end, struct packe
 			return L4LB_R_PASS_MALFORMED_L3;
 		p->family = 6;
 		p->l3_len = sizeof(*ip6h) + bpf_ntohs(ip6h->payload_len);
+		if (ip6h->hop_limit == 0)
+			p->checks |= PKT_TTL0;
 		p->tos = (ip6h->priority << 4) | (ip6h->flow_lbl[0] >> 4);
 		p->frag_df = 0;
 		copy16(p->key.src, &ip6h->saddr);

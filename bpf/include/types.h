@@ -211,7 +211,7 @@ enum l4lb_reason {
 	L4LB_R_DROP_ENCAP,           /* headroom could not be grown */
 	L4LB_R_PASS_NO_TX_PORT,      /* egress interface is not in tx_ports: passed, the kernel forwards */
 	L4LB_R_DROP_SNAT_EXHAUSTED,  /* SNAT: no free port for the backend: the whole range probed, or 256 ports of a larger one (snat.h) */
-	L4LB_R_PASS_TTL_EXCEEDED,    /* SNAT: TTL / hop limit would reach 0: passed, the stack answers time-exceeded */
+	L4LB_R_PASS_TTL_EXCEEDED,    /* TTL / hop limit 0, or under SNAT would reach 0: passed, the stack answers time-exceeded */
 	L4LB_R_DROP_TTL_EXCEEDED,    /* SNAT reply whose TTL / hop limit would reach 0: dropped */
 	L4LB_R_DROP_SNAT_REWRITE,    /* SNAT: the packet could not be rewritten (a kernel helper refused) */
 	L4LB_R_DROP_OPT_NO_ROOM,     /* DSR opt: no room for the VIP option (IPv4 options full, or an IPv6 hop-by-hop header that must stay first) */

@@ -10,17 +10,25 @@
  *  - the IPv4 header checksum;
  *  - IPv4 options, as ip_options_compile reads a received packet's: the
  *    type/length walk within the header, the pointer fields of record
- *    route and timestamp, router alert's length, no option twice; source
- *    routes (LSRR, SSRR: refused by default, accept_source_route) and
- *    CIPSO (needs the box's labelling policy) are not forwarded;
+ *    route and timestamp (and a full timestamp's overflow count), router
+ *    alert's length, no option twice; source routes (LSRR, SSRR: refused
+ *    by default, accept_source_route) and CIPSO (needs the box's
+ *    labelling policy) are not forwarded;
  *  - IPv6 extension headers (RFC 8200): hop-by-hop only first, a routing
  *    header only with no segments left (else the VIP is not the packet's
- *    destination yet), options of hop-by-hop and destination-options
- *    headers that fit their header and whose type says "skip if unknown"
- *    (the action bits 00: every other option makes a node discard the
- *    packet, none of them is one a client sends to a VIP); headers longer
- *    than VALIDATE_EXT_MAX are not checked but passed;
- *  - a UDP length equal to the IP payload's.
+ *    destination yet) and not of the segment-routing or RPL types (which
+ *    the kernel drops unless configured for them), options of hop-by-hop
+ *    and destination-options headers as ip6_parse_tlv reads them: each
+ *    fits its header, padding runs at most 7 bytes and PadN holds zeros,
+ *    at most 8 options besides padding per header, every type says "skip
+ *    if unknown" (the action bits 00: every other option makes a node
+ *    discard the packet, none of them is one a client sends to a VIP), a
+ *    hop-by-hop router alert of length 2, and no CALIPSO or IOAM option
+ *    (they need the box's policy, as CIPSO); headers longer than
+ *    VALIDATE_EXT_MAX are not checked but passed;
+ *  - a UDP length equal to the IP payload's;
+ *  - a TTL / hop limit above 0: the opt dispatch keeps the client's, and
+ *    a packet that arrived with 0 must not leave so (RFC 791, RFC 8200).
  * Trailing bytes after the IP packet (Ethernet padding) are allowed; every
  * forwarding path trims them. TCP options are left to the endpoints, as
  * the kernel leaves them: it stops reading options at the first that does
@@ -71,6 +79,8 @@ static __always_inline int validate_fast(const struct hook *h, const struct pack
 	*slow = 0;
 	if (checks & PKT_UDP_LEN)
 		return L4LB_R_PASS_UDP_LENGTH;
+	if (checks & PKT_TTL0)
+		return L4LB_R_PASS_TTL_EXCEEDED;
 	if (p->family == 4 && !(checks & PKT_IP_OPTS) && !ipv4_csum_ok(h, p->l3_off))
 		return L4LB_R_PASS_IP_CSUM;
 	*slow = checks & (PKT_IP_OPTS | PKT_IP6_EXT);
@@ -166,6 +176,10 @@ static long ipv4_opt_step(__u32 n, void *ctx)
 		}
 		if (ptr <= len && ptr + step - 1 > len)
 			return 1;
+		/* Full (no room left): its overflow count goes up by one,
+		 * and one at 15 cannot. */
+		if (ptr > len && (WB(w, i + 3) & 0xf) != 3 && (WB(w, i + 3) >> 4) == 15)
+			return 1;
 		bit = 2;
 		break;
 	case IPOPT_RA:
@@ -207,12 +221,29 @@ static __always_inline int check_ipv4_header(const struct hook *h, const struct 
 	return w->r;
 }
 
-/* One option of a hop-by-hop or destination-options header: it fits,
- * and says "skip if unknown". */
+/* IPv6 option types (linux/in6.h, ipv6.h) the walk treats apart. */
+#define TLV_PAD1 0
+#define TLV_PADN 1
+#define TLV_ROUTERALERT 5
+#define TLV_CALIPSO 7
+#define TLV_IOAM 0x31
+/* ip6_parse_tlv's limits: padding in a row, and options besides padding
+ * (net.ipv6 max_hbh_opts_number / max_dst_opts_number defaults). */
+#define TLV_PAD_MAX 7
+#define TLV_COUNT_MAX 8
+
+/* walk.seen while walking TLVs: options so far, padding bytes in a row,
+ * and whether the header is hop-by-hop. */
+#define TLV_COUNT(s) ((s) & 0xff)
+#define TLV_PAD(s) (((s) >> 8) & 0xff)
+#define TLV_HBH 0x10000
+
+/* One option of a hop-by-hop or destination-options header, as
+ * ip6_parse_tlv reads it. */
 static long ext_tlv_step(__u32 n, void *ctx)
 {
 	struct walk *w = *(struct walk **)ctx;
-	__u32 j = w->i, hl = w->len;
+	__u32 j = w->i, hl = w->len, seen = w->seen, pad = TLV_PAD(seen);
 	__u8 type, len;
 
 	if (j >= hl) {
@@ -220,17 +251,37 @@ static long ext_tlv_step(__u32 n, void *ctx)
 			w->r = L4LB_R_PASS_IPV6_EXT;
 		return 1;
 	}
+	w->r = L4LB_R_PASS_IPV6_EXT;
 	type = WB(w, j);
-	if (type == 0) { /* Pad1 */
+	if (type == TLV_PAD1) {
+		if (pad + 1 > TLV_PAD_MAX)
+			return 1;
+		w->seen = (seen & ~0xff00) | ((pad + 1) << 8);
+		w->r = -1;
 		w->i = j + 1;
 		return 0;
 	}
-	w->r = L4LB_R_PASS_IPV6_EXT;
 	if (j + 2 > hl)
 		return 1;
 	len = WB(w, j + 1);
 	if (j + 2 + len > hl || (type & 0xc0))
 		return 1;
+	if (type == TLV_PADN) {
+		if (pad + 2 + len > TLV_PAD_MAX)
+			return 1;
+		/* len <= 5 here. */
+		for (__u32 k = 0; k < TLV_PAD_MAX - 2; k++)
+			if (k < len && WB(w, j + 2 + k))
+				return 1;
+		w->seen = (seen & ~0xff00) | ((pad + 2 + len) << 8);
+	} else {
+		if (TLV_COUNT(seen) + 1 > TLV_COUNT_MAX)
+			return 1;
+		if ((seen & TLV_HBH) &&
+		    ((type == TLV_ROUTERALERT && len != 2) || type == TLV_CALIPSO || type == TLV_IOAM))
+			return 1;
+		w->seen = (seen & TLV_HBH) | (TLV_COUNT(seen) + 1);
+	}
 	w->r = -1;
 	w->i = j + 2 + len;
 	return 0;
@@ -255,7 +306,9 @@ static __always_inline int check_ipv6_ext(const struct hook *h, const struct pac
 			return L4LB_R_PASS_MALFORMED_L3;
 		next = w->buf.b[0];
 		hl = cur == IPPROTO_AH ? ((__u32)w->buf.b[1] + 2) * 4 : ((__u32)w->buf.b[1] + 1) * 8;
-		if (cur == IPPROTO_ROUTING && w->buf.b[3] != 0)
+		/* Segments left, or segment routing (4) / RPL (3), which
+		 * the kernel drops unless seg6 / RPL is enabled. */
+		if (cur == IPPROTO_ROUTING && (w->buf.b[3] != 0 || w->buf.b[2] == 3 || w->buf.b[2] == 4))
 			return L4LB_R_PASS_IPV6_EXT;
 		if (cur == IPPROTO_HOPOPTS && i != 0)
 			return L4LB_R_PASS_IPV6_EXT;
@@ -267,6 +320,7 @@ static __always_inline int check_ipv6_ext(const struct hook *h, const struct pac
 			w->len = hl;
 			w->i = 2;
 			w->r = -1;
+			w->seen = cur == IPPROTO_HOPOPTS ? TLV_HBH : 0;
 			bpf_loop(VALIDATE_EXT_MAX, ext_tlv_step, &w, 0);
 			if (w->r >= 0)
 				return w->r;

@@ -175,13 +175,17 @@ func SetIHL(t testing.TB, frame []byte, ihl uint8) []byte {
 }
 
 // PadN is the body (what follows the next-header and length bytes) of a
-// hop-by-hop or destination options header holding one PadN option: 6 bytes
-// plus 8 per extra word.
+// hop-by-hop or destination options header of 6 bytes plus 8 per extra
+// word that the kernel accepts (ip6_parse_tlv): one experimental option
+// (type 0x1e, RFC 4727, skipped when unknown) of 8 bytes per extra word,
+// then one PadN option of 6. Padding alone may not run longer than 7
+// bytes, so a longer header needs options.
 func PadN(extraWords int) []byte {
-	b := make([]byte, 6+8*extraWords)
-	b[0] = 1 // PadN
-	b[1] = byte(len(b) - 2)
-	return b
+	b := make([]byte, 0, 6+8*extraWords)
+	for range extraWords {
+		b = append(b, 0x1e, 6, 0, 0, 0, 0, 0, 0)
+	}
+	return append(b, 1, 4, 0, 0, 0, 0) // PadN
 }
 
 // BuildARP returns a broadcast ARP request from sender (at srcMAC) for target.

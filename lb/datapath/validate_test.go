@@ -107,6 +107,46 @@ func TestValidate(t *testing.T) {
 		{name: "routing header, no segments left", frame: e.v6ext(t,
 			pkttest.Ext{Type: rt, Body: append([]byte{0, 0, 0, 0, 0, 0}, netip.MustParseAddr("2001:db8::99").AsSlice()...)})},
 		{name: "destination options of Pad1s", frame: e.v6ext(t, pkttest.Ext{Type: dst, Body: []byte{0, 0, 0, 0, 0, 0}})},
+		// ip6_parse_tlv's rules beyond the bounds, found by FuzzDatapath.
+		{name: "destination options of 14 Pad1s", reason: "pass_ipv6_ext",
+			frame: e.v6ext(t, pkttest.Ext{Type: dst, Body: make([]byte, 14)})},
+		{name: "destination option PadN of 8 bytes", reason: "pass_ipv6_ext",
+			frame: e.v6ext(t, pkttest.Ext{Type: dst, Body: []byte{0x1e, 4, 0, 0, 0, 0, 1, 6, 0, 0, 0, 0, 0, 0}})},
+		{name: "destination option PadN with a non-zero byte", reason: "pass_ipv6_ext",
+			frame: e.v6ext(t, pkttest.Ext{Type: dst, Body: []byte{1, 4, 0, 0, 1, 0}})},
+		{name: "nine destination options", reason: "pass_ipv6_ext",
+			frame: e.v6ext(t, pkttest.Ext{Type: dst, Body: append(bytes.Repeat([]byte{0x1e, 0}, 9), 1, 2, 0, 0)})},
+		{name: "hop-by-hop router alert of length 4", reason: "pass_ipv6_ext",
+			frame: e.v6ext(t, pkttest.Ext{Type: hbh, Body: tlvs(5, 4, 0, 0, 0, 0)})},
+		{name: "hop-by-hop CALIPSO", reason: "pass_ipv6_ext",
+			frame: e.v6ext(t, pkttest.Ext{Type: hbh, Body: tlvs(7, 8, 0, 0, 0, 1, 0, 0, 0, 0)})},
+		{name: "hop-by-hop IOAM", reason: "pass_ipv6_ext",
+			frame: e.v6ext(t, pkttest.Ext{Type: hbh, Body: tlvs(0x31, 2, 0, 0)})},
+		{name: "segment routing header, none left", reason: "pass_ipv6_ext",
+			frame: e.v6ext(t, pkttest.Ext{Type: rt, Body: append([]byte{4, 0, 0, 0, 0, 0}, netip.MustParseAddr("2001:db8::99").AsSlice()...)})},
+		{name: "RPL routing header, none left", reason: "pass_ipv6_ext",
+			frame: e.v6ext(t, pkttest.Ext{Type: rt, Body: append([]byte{3, 0, 0, 0, 0, 0}, netip.MustParseAddr("2001:db8::99").AsSlice()...)})},
+		{name: "eight destination options", frame: e.v6ext(t,
+			pkttest.Ext{Type: dst, Body: append(bytes.Repeat([]byte{0x1e, 0}, 8), 1, 4, 0, 0, 0, 0)})},
+		{name: "destination option between 4 and 6 bytes of padding", frame: e.v6ext(t,
+			pkttest.Ext{Type: dst, Body: []byte{1, 2, 0, 0, 0x1e, 2, 0, 0, 1, 4, 0, 0, 0, 0}})},
+		{name: "destination options of an experimental option and a PadN", frame: e.v6ext(t,
+			pkttest.Ext{Type: dst, Body: pkttest.PadN(2)})},
+		{name: "timestamp full, overflow 15", reason: "pass_ip_options", frame: e.v4opts(t, 0x44, 8, 9, 0xf0, 1, 2, 3, 4)},
+		{name: "timestamp full, overflow 14", frame: e.v4opts(t, 0x44, 8, 9, 0xe0, 1, 2, 3, 4)},
+	}
+	// TTL / hop limit 0: the opt dispatch would send it on with 0.
+	for _, fam := range families {
+		good := e.frame(t, vipPacket(fam, layers.IPProtocolTCP))
+		tests = append(tests, malformedCase{name: fam.name + " TTL 0", reason: "pass_ttl_exceeded",
+			frame: patch(t, good, func(b []byte, l pkttest.Layout) {
+				if l.Family == 4 {
+					b[l.L3+8] = 0
+					pkttest.FixIPv4Checksum(b, l)
+				} else {
+					b[l.L3+7] = 0
+				}
+			})})
 	}
 	// UDP length.
 	for _, fam := range families {
