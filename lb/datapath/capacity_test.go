@@ -1,0 +1,80 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package datapath_test
+
+import (
+	"net/netip"
+	"testing"
+
+	"github.com/l4lb/l4lb/lb"
+)
+
+// TestCapacityOnOneCPU fills the connection table and the SNAT tables from
+// the one CPU a test run uses: each holds the capacity it was given, not a
+// per-CPU share of it, which is what status and the API report.
+func TestCapacityOnOneCPU(t *testing.T) {
+	const capacity = 4096
+	fam := families[0]
+	t.Run("conntrack", func(t *testing.T) {
+		e := newEnvWith(t, envOptions{conntrackMax: capacity})
+		svc := dsrService("web", fam.vip, 80, lb.TCP, fam.backends[:3]...)
+		e.reconcile(t, svc)
+		flows := randomFlows(svc.Frontend, capacity, 11)
+		frames := make([][]byte, len(flows))
+		for i, f := range flows {
+			frames[i] = e.frame(t, packet(f, false, true, nil))
+		}
+		for i, r := range e.runAll(t, frames) {
+			if r.verdict != xdpTX {
+				t.Fatalf("flow %d: verdict %s, want XDP_TX", i, verdictName(r.verdict))
+			}
+		}
+		if n := e.conntrackEntries(t); n != capacity {
+			t.Errorf("after %d new flows on one CPU the %d-entry connection table holds %d", capacity, capacity, n)
+		}
+	})
+	t.Run("snat", func(t *testing.T) {
+		e := newSNATEnv(t, envOptions{snatMax: capacity})
+		svc := snatService("nat", fam.vip, 80, lb.TCP, fam.backends[:3]...)
+		e.reconcile(t, svc)
+		flows := randomFlows(svc.Frontend, capacity, 12)
+		frames := make([][]byte, len(flows))
+		for i, f := range flows {
+			frames[i] = e.frame(t, clientPacket(f, false, true))
+		}
+		for i, r := range e.runAll(t, frames) {
+			if r.verdict != xdpTX {
+				t.Fatalf("flow %d: verdict %s, want XDP_TX", i, verdictName(r.verdict))
+			}
+		}
+		if fwd, rev := e.snatEntries(t); fwd != capacity || rev != capacity {
+			t.Errorf("after %d new flows on one CPU the %d-entry SNAT tables hold %d forward and %d reverse bindings", capacity, capacity, fwd, rev)
+		}
+	})
+}
+
+// TestSNATFillsItsRange binds as many flows to one backend as the port
+// range has ports: every port is found (the probe covers a range this
+// small whole), and only the flow after them is refused.
+func TestSNATFillsItsRange(t *testing.T) {
+	const lo, hi = 40000, 40063
+	fam := families[0]
+	e := newSNATEnv(t, envOptions{snatPortMin: lo, snatPortMax: hi})
+	svc := snatService("nat", fam.vip, 80, lb.UDP, fam.backends[0])
+	e.reconcile(t, svc)
+	ports := map[netip.AddrPort]bool{}
+	for i := range hi - lo + 1 {
+		f := flowTo(svc.Frontend, fam.client, uint16(20000+i))
+		ports[e.sendSNAT(t, hookXDP, svc, f, clientPacket(f, false, false))] = true
+	}
+	if len(ports) != hi-lo+1 {
+		t.Fatalf("%d flows got %d distinct SNAT ports, want one each", hi-lo+1, len(ports))
+	}
+	before := e.reasons(t)
+	f := flowTo(svc.Frontend, fam.client, 30000)
+	r := e.runOn(t, hookXDP, e.frame(t, clientPacket(f, false, false)))
+	if r.verdict != hookXDP.drop() {
+		t.Fatalf("flow %d of a %d-port range: verdict %s, want a drop", hi-lo+2, hi-lo+1, hookXDP.verdictName(r.verdict))
+	}
+	e.expectReasons(t, before, map[string]uint64{"drop_snat_exhausted": 1})
+}
