@@ -6,14 +6,24 @@ import (
 	"net/netip"
 	"testing"
 
+	"github.com/cilium/ebpf"
+
 	"github.com/l4lb/l4lb/lb"
 )
 
 // TestCapacityOnOneCPU fills the connection table and the SNAT tables from
 // the one CPU a test run uses: each holds the capacity it was given, not a
-// per-CPU share of it, which is what status and the API report.
+// per-CPU share of it (with per-CPU lists a 2-CPU box got half). The kernel
+// keeps up to lruLocalFree free entries in each other CPU's local list,
+// which one CPU alone may not reach.
 func TestCapacityOnOneCPU(t *testing.T) {
 	const capacity = 4096
+	cpus, err := ebpf.PossibleCPU()
+	if err != nil {
+		t.Fatal(err)
+	}
+	least := capacity - lruLocalFree*(cpus-1)
+	full := func(n int) bool { return n >= least && n <= capacity }
 	fam := families[0]
 	t.Run("conntrack", func(t *testing.T) {
 		e := newEnvWith(t, envOptions{conntrackMax: capacity})
@@ -29,8 +39,8 @@ func TestCapacityOnOneCPU(t *testing.T) {
 				t.Fatalf("flow %d: verdict %s, want XDP_TX", i, verdictName(r.verdict))
 			}
 		}
-		if n := e.conntrackEntries(t); n != capacity {
-			t.Errorf("after %d new flows on one CPU the %d-entry connection table holds %d", capacity, capacity, n)
+		if n := e.conntrackEntries(t); !full(n) {
+			t.Errorf("after %d new flows on one CPU the %d-entry connection table holds %d, want %d or more", capacity, capacity, n, least)
 		}
 	})
 	t.Run("snat", func(t *testing.T) {
@@ -47,11 +57,15 @@ func TestCapacityOnOneCPU(t *testing.T) {
 				t.Fatalf("flow %d: verdict %s, want XDP_TX", i, verdictName(r.verdict))
 			}
 		}
-		if fwd, rev := e.snatEntries(t); fwd != capacity || rev != capacity {
-			t.Errorf("after %d new flows on one CPU the %d-entry SNAT tables hold %d forward and %d reverse bindings", capacity, capacity, fwd, rev)
+		if fwd, rev := e.snatEntries(t); !full(fwd) || !full(rev) {
+			t.Errorf("after %d new flows on one CPU the %d-entry SNAT tables hold %d forward and %d reverse bindings, want %d or more", capacity, capacity, fwd, rev, least)
 		}
 	})
 }
+
+// lruLocalFree is the kernel's LOCAL_FREE_TARGET (kernel/bpf/bpf_lru_list.h):
+// the free entries a shared LRU hands each CPU at a time.
+const lruLocalFree = 128
 
 // TestSNATFillsItsRange binds as many flows to one backend as the port
 // range has ports: every port is found (the probe covers a range this
