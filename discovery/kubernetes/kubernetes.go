@@ -47,6 +47,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
 
 	"github.com/l4lb/l4lb/discovery"
 	"github.com/l4lb/l4lb/lb"
@@ -182,6 +183,9 @@ func New(cfg *config.Kubernetes, opts Options) (*Source, error) {
 		return nil, errors.New("kubernetes: no [discovery.kubernetes] settings given")
 	}
 	opts.fill()
+	// client-go logs through klog: into l4lbd's structured log instead of
+	// its own format on stderr.
+	klog.SetSlogLogger(opts.Log.With("source", SourceName, "component", "client-go"))
 	rc, err := restConfig(cfg)
 	if err != nil {
 		return nil, err

@@ -103,8 +103,10 @@ func testPropagationLatency(t *testing.T, c *kubetest.Cluster, kc string) {
 	pipes := []*pipeline{{name: "fake datapath", merger: discovery.NewMerger(), rec: reconciler.New(rcfg, fake, nil),
 		state: func() (reconciler.State, error) { return fake.State(), nil }}}
 	if os.Geteuid() == 0 {
+		// SNAT needs a source address; it is only stored, no packet is sent.
 		dp, err := datapath.Load(datapath.Config{Seed: seed, MaxServices: 64, MaxBackends: 256, ConntrackMax: 4096,
-			Log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+			SNATAddresses: []netip.Addr{netip.MustParseAddr("198.18.0.1")},
+			Log:           slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 		if err != nil {
 			t.Fatalf("load the datapath: %v", err)
 		}
@@ -115,7 +117,7 @@ func testPropagationLatency(t *testing.T, c *kubetest.Cluster, kc string) {
 	}
 
 	cfg := sourceConfig(kc, "latency", sel)
-	h := runSource(t, cfg, "latency-box")
+	h := runSource(t, cfg, "latency-box", ns)
 	svcs := h.waitFor("both services", func(svcs []lb.Service) bool { return len(svcs) == 2 })
 	podSvc, _ := find(svcs, "latency.pods.80-tcp")
 	nodeSvc, _ := find(svcs, "latency.nodes.80-tcp")

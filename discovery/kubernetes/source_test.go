@@ -52,7 +52,7 @@ func cluster(t *testing.T) (*kubetest.Cluster, string) {
 func sourceConfig(kubeconfig, lease string, selector map[string]string) *config.Kubernetes {
 	return &config.Kubernetes{
 		Kubeconfig: kubeconfig, LoadBalancerClass: "l4lb.io/l4lb", NodeSelector: selector,
-		Pools:      []netip.Prefix{netip.MustParsePrefix("192.0.2.0/28"), netip.MustParsePrefix("2001:db8::/124")},
+		Pools:      []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24"), netip.MustParsePrefix("2001:db8::/120")},
 		NamedPools: map[string][]netip.Prefix{"gold": {netip.MustParsePrefix("198.51.100.0/29")}},
 		Backends:   config.K8sNodePort, QPS: 100, Burst: 200, LeaseNamespace: "kube-system", LeaseName: lease,
 		Health: config.K8sHealth{Cluster: config.ClusterCheckNodePort, KubeProxyPort: 10256, Pod: lb.HealthTCP,
@@ -74,7 +74,9 @@ type harness struct {
 	wake  chan struct{}
 }
 
-func runSource(t *testing.T, cfg *config.Kubernetes, identity string) *harness {
+// runSource runs a source and keeps, of its snapshots, the services of
+// namespace ns: the subtests share one cluster.
+func runSource(t *testing.T, cfg *config.Kubernetes, identity, ns string) *harness {
 	t.Helper()
 	src, err := kubernetes.New(cfg, kubernetes.Options{
 		Defaults: testDefaults, Log: testLog(t), Identity: identity, ProbeInterval: 500 * time.Millisecond,
@@ -95,8 +97,14 @@ func runSource(t *testing.T, cfg *config.Kubernetes, identity string) *harness {
 		for {
 			select {
 			case snap := <-h.ch:
+				var mine []lb.Service
+				for _, s := range snap.Services {
+					if strings.HasPrefix(s.Name, ns+".") {
+						mine = append(mine, s)
+					}
+				}
 				h.mu.Lock()
-				h.last, h.count = snap.Services, h.count+1
+				h.last, h.count = mine, h.count+1
 				h.mu.Unlock()
 				select {
 				case h.wake <- struct{}{}:
@@ -321,7 +329,7 @@ func testServeAndWriteBack(t *testing.T, c *kubetest.Cluster, kc string) {
 	createService(t, c, ns, "classless", func(s *corev1.Service) { s.Spec.LoadBalancerClass = nil })
 	createService(t, c, ns, "theirs", func(s *corev1.Service) { cl := "example.com/other"; s.Spec.LoadBalancerClass = &cl })
 
-	h := runSource(t, sourceConfig(kc, "basic", sel), "basic-box")
+	h := runSource(t, sourceConfig(kc, "basic", sel), "basic-box", ns)
 	svcs := h.waitFor("web", func(svcs []lb.Service) bool { _, ok := find(svcs, "basic.web.80-tcp"); return ok })
 	if len(svcs) != 1 {
 		t.Fatalf("published %d services, want only web (class-less and other-class ones untouched):\n%s", len(svcs), dump(svcs))
@@ -394,7 +402,7 @@ func testRestartReassignsNothing(t *testing.T, c *kubetest.Cluster, kc string) {
 	for _, n := range []string{"s1", "s2", "s3"} {
 		createService(t, c, ns, n)
 	}
-	h := runSource(t, cfg, "restart-box")
+	h := runSource(t, cfg, "restart-box", ns)
 	h.waitFor("three services", func(svcs []lb.Service) bool { return len(svcs) == 3 })
 	h.program()
 	vips := map[string]string{}
@@ -420,7 +428,7 @@ func testRestartReassignsNothing(t *testing.T, c *kubetest.Cluster, kc string) {
 	// hand, as the operator of a box that is gone for good would.
 	update(t, c, ns, "s1", func(s *corev1.Service) { s.Finalizers = nil })
 	createService(t, c, ns, "s4")
-	h2 := runSource(t, cfg, "restart-box-2")
+	h2 := runSource(t, cfg, "restart-box-2", ns)
 	svcs := h2.waitFor("s2, s3 and s4", func(svcs []lb.Service) bool { return len(svcs) == 3 })
 	for _, s := range svcs {
 		want := vips[strings.Split(s.Name, ".")[1]]
@@ -440,7 +448,7 @@ func testExcludeLabel(t *testing.T, c *kubetest.Cluster, kc string) {
 	n2 := c.AddNode("exclude-2", sel, netip.MustParseAddr("10.3.0.2"))
 	c.AddNode("exclude-other", map[string]string{"l4lb-test": "elsewhere"}, netip.MustParseAddr("10.3.0.3"))
 	createService(t, c, ns, "web")
-	h := runSource(t, sourceConfig(kc, "exclude", sel), "exclude-box")
+	h := runSource(t, sourceConfig(kc, "exclude", sel), "exclude-box", ns)
 	backends := func(want string) {
 		t.Helper()
 		h.waitFor("backends "+want, func(svcs []lb.Service) bool {
@@ -479,7 +487,7 @@ func testLocalFollowsPodMove(t *testing.T, c *kubetest.Cluster, kc string) {
 	}
 	ports := map[string]int32{"http": 8080}
 	c.SetEndpoints(ns, "web", ports, kubetest.Endpoint{Addr: netip.MustParseAddr("10.244.1.5"), Node: "local-1", Ready: true, Serving: true})
-	h := runSource(t, sourceConfig(kc, "local", sel), "local-box")
+	h := runSource(t, sourceConfig(kc, "local", sel), "local-box", ns)
 	svcs := h.waitFor("local-1 active", func(svcs []lb.Service) bool {
 		s, ok := find(svcs, "local.web.80-tcp")
 		return ok && addrs(s.Backends, lb.Active) == "10.4.0.1" && addrs(s.Backends, lb.Draining) == "10.4.0.2"
@@ -504,7 +512,7 @@ func testInvalidAnnotation(t *testing.T, c *kubetest.Cluster, kc string) {
 	c.AddNode("invalid-1", sel, netip.MustParseAddr("10.5.0.1"))
 	createService(t, c, ns, "bad", func(s *corev1.Service) { s.Annotations[kubernetes.AnnotationMode] = "turbo" })
 	createService(t, c, ns, "good")
-	h := runSource(t, sourceConfig(kc, "invalid", sel), "invalid-box")
+	h := runSource(t, sourceConfig(kc, "invalid", sel), "invalid-box", ns)
 	svcs := h.waitFor("good", func(svcs []lb.Service) bool { _, ok := find(svcs, "invalid.good.80-tcp"); return ok })
 	if _, ok := find(svcs, "invalid.bad.80-tcp"); ok {
 		t.Fatal("the Service with an invalid annotation was published")
@@ -518,7 +526,9 @@ func testInvalidAnnotation(t *testing.T, c *kubetest.Cluster, kc string) {
 	})
 	eventually(t, "a Warning event naming the annotation", func() (bool, string) {
 		ev := events(t, c, ns, "bad")
-		return slices.ContainsFunc(ev, func(e string) bool { return strings.HasPrefix(e, "Warning InvalidConfig") && strings.Contains(e, "l4lb.io/mode") }), fmt.Sprint(ev)
+		return slices.ContainsFunc(ev, func(e string) bool {
+			return strings.HasPrefix(e, "Warning InvalidConfig") && strings.Contains(e, "l4lb.io/mode")
+		}), fmt.Sprint(ev)
 	})
 	if st := h.src.Status(); !slices.ContainsFunc(st.Errors, func(e string) bool { return strings.Contains(e, "invalid/bad") }) {
 		t.Errorf("status errors %q do not name invalid/bad", st.Errors)
@@ -536,7 +546,7 @@ func testOneWriter(t *testing.T, c *kubetest.Cluster, kc string) {
 		createService(t, c, ns, n)
 	}
 	cfg := sourceConfig(kc, "fleet", sel)
-	boxes := []*harness{runSource(t, cfg, "box-1"), runSource(t, cfg, "box-2")}
+	boxes := []*harness{runSource(t, cfg, "box-1", ns), runSource(t, cfg, "box-2", ns)}
 	var snaps [2][]lb.Service
 	for i, h := range boxes {
 		snaps[i] = h.waitFor("three services", func(svcs []lb.Service) bool { return len(svcs) == 3 })
@@ -598,7 +608,7 @@ func testFailStatic(t *testing.T, c *kubetest.Cluster, kc string) {
 	sel := map[string]string{"l4lb-test": "outage"}
 	c.AddNode("outage-1", sel, netip.MustParseAddr("10.7.0.1"))
 	createService(t, c, ns, "web")
-	h := runSource(t, sourceConfig(kc, "outage", sel), "outage-box")
+	h := runSource(t, sourceConfig(kc, "outage", sel), "outage-box", ns)
 	before := h.waitFor("web", func(svcs []lb.Service) bool { return len(svcs) == 1 })
 	if st := h.src.Status(); !st.Healthy {
 		t.Fatalf("status before the outage: %+v", st)

@@ -50,8 +50,8 @@ func lbSvc(ns, name string, age int, opts ...svcOpt) *corev1.Service {
 }
 
 func ann(k, v string) svcOpt { return func(s *corev1.Service) { s.Annotations[k] = v } }
-func noClass() svcOpt       { return func(s *corev1.Service) { s.Spec.LoadBalancerClass = nil } }
-func class(c string) svcOpt { return func(s *corev1.Service) { s.Spec.LoadBalancerClass = &c } }
+func noClass() svcOpt        { return func(s *corev1.Service) { s.Spec.LoadBalancerClass = nil } }
+func class(c string) svcOpt  { return func(s *corev1.Service) { s.Spec.LoadBalancerClass = &c } }
 func status(ip string) svcOpt {
 	return func(s *corev1.Service) {
 		s.Status.LoadBalancer.Ingress = append(s.Status.LoadBalancer.Ingress, corev1.LoadBalancerIngress{IP: ip})
@@ -64,7 +64,9 @@ func local(hcPort int32) svcOpt {
 	}
 }
 func dual() svcOpt {
-	return func(s *corev1.Service) { s.Spec.IPFamilies = []corev1.IPFamily{corev1.IPv4Protocol, corev1.IPv6Protocol} }
+	return func(s *corev1.Service) {
+		s.Spec.IPFamilies = []corev1.IPFamily{corev1.IPv4Protocol, corev1.IPv6Protocol}
+	}
 }
 
 func testNode(name string, addrs ...string) *corev1.Node {
@@ -219,7 +221,11 @@ func TestSelection(t *testing.T) {
 		lbSvc("a", "ours", 1),
 		lbSvc("a", "classless", 2, noClass()),
 		lbSvc("a", "theirs", 3, class("example.com/other")),
-		func() *corev1.Service { s := lbSvc("a", "clusterip", 4); s.Spec.Type = corev1.ServiceTypeClusterIP; return s }(),
+		func() *corev1.Service {
+			s := lbSvc("a", "clusterip", 4)
+			s.Spec.Type = corev1.ServiceTypeClusterIP
+			return s
+		}(),
 	}
 	r := translateAll(testCfg(), true, svcs, nodes)
 	for name, served := range map[string]bool{"ours": true, "classless": false, "theirs": false, "clusterip": false} {
