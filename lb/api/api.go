@@ -36,7 +36,7 @@ type Status struct {
 	ReconcileError string   `json:"reconcile_error,omitempty"`
 	Reasons        []Reason `json:"reasons"`
 	// Discovery reports the sources that watch something outside l4lbd
-	// (Consul): whether their services may be out of date.
+	// (Consul, Kubernetes): whether their services may be out of date.
 	Discovery []SourceStatus `json:"discovery,omitempty"`
 }
 

@@ -8,18 +8,20 @@ import (
 	"errors"
 	"os"
 	"reflect"
-	"sync"
 	"time"
 
-	"github.com/l4lb/l4lb/discovery"
 	"github.com/l4lb/l4lb/discovery/consul"
+	"github.com/l4lb/l4lb/discovery/kubernetes"
 	"github.com/l4lb/l4lb/lb"
 	"github.com/l4lb/l4lb/lb/api"
 	"github.com/l4lb/l4lb/lb/config"
 )
 
-// consulSource names the Consul source's snapshots.
-const consulSource = consul.SourceName
+// Names of the snapshots of the sources that can own adopted services.
+const (
+	consulSource     = consul.SourceName
+	kubernetesSource = kubernetes.SourceName
+)
 
 // consulStartWait is how long a start waits for Consul's first snapshot
 // before programming the datapath. After a restart the pinned maps still
@@ -29,14 +31,11 @@ var consulStartWait = 10 * time.Second
 
 // consulRun is one running Consul source and what it was started with.
 type consulRun struct {
-	src    *consul.Source
-	cfg    config.Consul
-	defs   lb.Defaults
-	token  [32]byte // hash of the token file, to notice a rotated token
-	out    chan discovery.Snapshot
-	ctx    context.Context
-	cancel context.CancelFunc
-	wg     sync.WaitGroup // Run and the forwarder
+	src   *consul.Source
+	cfg   config.Consul
+	defs  lb.Defaults
+	token [32]byte // hash of the token file, to notice a rotated token
+	*runner
 }
 
 // startConsul starts the Consul source when [discovery.consul] is set and
@@ -57,15 +56,13 @@ func (d *Daemon) startConsul(ctx context.Context) (stop func(), err error) {
 	if err != nil {
 		return nil, err
 	}
-	r.run()
-	select {
-	case snap := <-r.out:
+	r.run(r.src)
+	if snap, ok := r.first(ctx, consulStartWait); ok {
 		d.merger.Update(snap)
 		d.sourceAnswered(snap.Source)
 		d.log.Info("Consul services read", "services", len(snap.Services))
-	case <-time.After(consulStartWait):
+	} else if ctx.Err() == nil {
 		d.log.Warn("Consul has not answered yet; starting without its services, they follow as soon as it does", "address", d.cfg.Consul.Address, "waited", consulStartWait)
-	case <-ctx.Done():
 	}
 	r.forward(d.snaps)
 	d.consulRun.Store(r)
@@ -85,7 +82,7 @@ func (d *Daemon) reloadConsul(cfg *config.Config) error {
 		}
 		cur.stop()
 		d.consulRun.Store(nil)
-		d.dropConsulSnapshots()
+		d.dropSnapshots(consul.SourceName)
 		d.merger.Remove(consul.SourceName)
 		d.log.Info("Consul source turned off")
 		return nil
@@ -101,7 +98,7 @@ func (d *Daemon) reloadConsul(cfg *config.Config) error {
 		cur.stop()
 		d.log.Info("Consul settings changed; watching again")
 	}
-	r.run()
+	r.run(r.src)
 	r.forward(d.snaps)
 	d.consulRun.Store(r)
 	return nil
@@ -112,15 +109,12 @@ func (d *Daemon) newConsul(cfg *config.Config) (*consulRun, error) {
 	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithCancel(d.consulCtx)
 	return &consulRun{
 		src:    src,
 		cfg:    *cfg.Consul,
 		defs:   cfg.Defaults(),
 		token:  tokenHash(cfg.Consul.TokenFile),
-		out:    make(chan discovery.Snapshot),
-		ctx:    ctx,
-		cancel: cancel,
+		runner: newRunner(d.consulCtx),
 	}, nil
 }
 
@@ -132,57 +126,6 @@ func tokenHash(path string) [32]byte {
 	return sha256.Sum256(data)
 }
 
-func (r *consulRun) run() {
-	r.wg.Add(1)
-	go func() {
-		defer r.wg.Done()
-		_ = r.src.Run(r.ctx, r.out)
-	}()
-}
-
-// forward passes the source's snapshots to the control loop until stopped.
-func (r *consulRun) forward(to chan<- discovery.Snapshot) {
-	r.wg.Add(1)
-	go func() {
-		defer r.wg.Done()
-		for {
-			select {
-			case snap := <-r.out:
-				select {
-				case to <- snap:
-				case <-r.ctx.Done():
-					return
-				}
-			case <-r.ctx.Done():
-				return
-			}
-		}
-	}()
-}
-
-// stop ends the source (which deregisters this box if it registered it)
-// and the forwarder, and waits for both.
-func (r *consulRun) stop() {
-	r.cancel()
-	r.wg.Wait()
-}
-
-// dropConsulSnapshots takes what is queued for the control loop and applies
-// all but the stopped Consul source's snapshots, which must not bring its
-// services back after the merger forgot them.
-func (d *Daemon) dropConsulSnapshots() {
-	for {
-		select {
-		case snap := <-d.snaps:
-			if snap.Source != consul.SourceName {
-				d.merger.Update(snap)
-			}
-		default:
-			return
-		}
-	}
-}
-
 // healthy feeds the TTL check of the box's own Consul registration: the box
 // is healthy while its datapath holds what discovery asks for.
 func (d *Daemon) healthy() error {
@@ -192,14 +135,13 @@ func (d *Daemon) healthy() error {
 	return nil
 }
 
-// discoveryStatus reports the sources that can go stale.
-func (d *Daemon) discoveryStatus() []api.SourceStatus {
+// consulStatus is the Consul source's entry of discoveryStatus.
+func (d *Daemon) consulStatus(now time.Time) []api.SourceStatus {
 	r := d.consulRun.Load()
 	if r == nil {
 		return nil
 	}
 	st := r.src.Status()
-	now := time.Now()
 	return []api.SourceStatus{{
 		Name:         consul.SourceName,
 		LastSync:     st.LastSync,

@@ -69,14 +69,18 @@ type Daemon struct {
 	drainSince map[overrideKey]time.Time
 	drainCut   map[overrideKey]bool
 	drainTimer *time.Timer
-	// waiting is set while adopted services may belong to a source that
-	// has not answered yet (the reconciler keeps unclaimed services).
-	waiting bool
+	// pending are the sources that adopted services may belong to and
+	// that have not answered yet; while any is, the reconciler keeps
+	// unclaimed services.
+	pending map[string]bool
 	metrics *metrics.Recorder
 
 	// The Consul source, when configured (consul.go).
 	consulRun atomic.Pointer[consulRun]
 	consulCtx context.Context // control loop only
+	// The Kubernetes source, when configured (kubernetes.go).
+	kubeRun atomic.Pointer[kubeRun]
+	kubeCtx context.Context // control loop only
 
 	mu         sync.Mutex
 	lastReload api.Reload
@@ -193,11 +197,17 @@ func (d *Daemon) Run(ctx context.Context) error {
 	}
 	if n := len(st.Services); n > 0 {
 		d.log.Info("adopted pinned datapath state", "services", n)
+		// Until Consul and Kubernetes answer, an adopted service missing
+		// from the file may be one of theirs: keep it rather than drop
+		// its traffic.
+		d.pending = map[string]bool{}
 		if cfg.Consul != nil {
-			// Until Consul answers, an adopted service missing from the
-			// file may be one of Consul's: keep it rather than drop
-			// its traffic.
-			d.waiting = true
+			d.pending[consulSource] = true
+		}
+		if cfg.Kubernetes != nil {
+			d.pending[kubernetesSource] = true
+		}
+		if len(d.pending) > 0 {
 			rec.SetKeepUnclaimed(true)
 		}
 	}
@@ -210,6 +220,11 @@ func (d *Daemon) Run(ctx context.Context) error {
 		return err
 	}
 	defer stopConsul()
+	stopKubernetes, err := d.startKubernetes(ctx)
+	if err != nil {
+		return err
+	}
+	defer stopKubernetes()
 
 	// Program the configuration before attaching, so the first packet the
 	// program sees already finds its service.
@@ -404,6 +419,10 @@ func (d *Daemon) doReload() error {
 		d.log.Error("configuration rejected; the previous one keeps serving", "file", d.opts.ConfigPath, "error", err)
 		return err
 	}
+	if err := d.reloadKubernetes(cfg); err != nil {
+		d.log.Error("configuration rejected; the previous one keeps serving", "file", d.opts.ConfigPath, "error", err)
+		return err
+	}
 	d.cfg = cfg
 	d.merger.Update(discovery.Snapshot{Source: d.file.Name(), Services: cfg.Services})
 	d.log.Info("configuration reloaded", "file", d.opts.ConfigPath, "services", len(cfg.Services))
@@ -411,10 +430,13 @@ func (d *Daemon) doReload() error {
 }
 
 // sourceAnswered ends the wait for sources after a restart once the last
-// source that could own adopted services (Consul) has answered.
+// source that could own adopted services (Consul, Kubernetes) has answered.
 func (d *Daemon) sourceAnswered(source string) {
-	if d.waiting && source == consulSource {
-		d.waiting = false
+	if !d.pending[source] {
+		return
+	}
+	delete(d.pending, source)
+	if len(d.pending) == 0 {
 		d.rec.SetKeepUnclaimed(false)
 		d.log.Info("every discovery source answered; services no source claims are removed")
 	}
@@ -521,6 +543,7 @@ func (d *Daemon) apply() error {
 		d.log.Error("reconcile failed; retrying", "error", err)
 	}
 	state := d.rec.Programmed()
+	d.reportProgrammed(state)
 	index := indexProgrammed(d.cfg.Maglev.Seed, state, programmed)
 	// Probe every backend that has an entry, healthy or not: a backend
 	// that failed must be able to come back.
