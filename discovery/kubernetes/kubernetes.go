@@ -60,7 +60,7 @@ const SourceName = "kubernetes"
 
 // Defaults of Options.
 const (
-	DefaultProbeInterval = 2 * time.Second
+	DefaultProbeInterval = time.Second
 	DefaultDrainLinger   = 5 * time.Minute
 	DefaultLeaseDuration = 15 * time.Second
 	DefaultRenewDeadline = 10 * time.Second

@@ -125,10 +125,11 @@ type Cluster struct {
 	// URL is the apiserver's https://127.0.0.1:port.
 	URL string
 	// Admin is a client with system:masters rights.
-	Admin kubernetes.Interface
-	rest  *rest.Config
-	bin   string
-	args  []string
+	Admin   kubernetes.Interface
+	rest    *rest.Config
+	bin     string
+	args    []string
+	command func(name string, args ...string) *exec.Cmd
 
 	mu  sync.Mutex
 	api *proc
@@ -139,13 +140,33 @@ type proc struct {
 	done chan struct{}
 }
 
+// Options place the cluster somewhere else than the test's own network
+// namespace; the zero value runs it there.
+type Options struct {
+	// Command makes the command of etcd and of the apiserver, e.g. one
+	// that runs in a test's network namespace, so that they listen on
+	// that namespace's 127.0.0.1, where l4lbd runs.
+	Command func(name string, args ...string) *exec.Cmd
+	// Dial opens the admin client's connections (to that 127.0.0.1).
+	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+}
+
 // Start runs etcd and the apiserver and waits until the apiserver is
 // ready. Both are killed, and their files removed, when the test ends.
 func Start(t testing.TB) *Cluster {
 	t.Helper()
+	return StartWith(t, Options{})
+}
+
+// StartWith is Start with Options.
+func StartWith(t testing.TB, o Options) *Cluster {
+	t.Helper()
 	apiserver, etcdBin := Binaries(t)
 	dir := t.TempDir()
-	c := &Cluster{t: t, dir: dir, bin: apiserver}
+	if o.Command == nil {
+		o.Command = exec.Command
+	}
+	c := &Cluster{t: t, dir: dir, bin: apiserver, command: o.Command}
 
 	etcdPort, peerPort, apiPort := freePort(t), freePort(t), freePort(t)
 	etcdURL := "http://127.0.0.1:" + strconv.Itoa(etcdPort)
@@ -185,6 +206,7 @@ func Start(t testing.TB) *Cluster {
 			CAFile: pki.caCert, CertFile: pki.adminCert, KeyFile: pki.adminKey,
 		},
 		QPS: 200, Burst: 400,
+		Dial: o.Dial,
 	}
 	var err error
 	if c.Admin, err = kubernetes.NewForConfig(c.rest); err != nil {
@@ -234,7 +256,7 @@ func (c *Cluster) spawn(bin, logName string, args ...string) *proc {
 	if err != nil {
 		c.t.Fatal(err)
 	}
-	cmd := exec.Command(bin, args...)
+	cmd := c.command(bin, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
 		logf.Close()

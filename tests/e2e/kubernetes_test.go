@@ -1,0 +1,379 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/l4lb/l4lb/discovery/kubernetes"
+	"github.com/l4lb/l4lb/discovery/kubernetes/kubetest"
+	"github.com/l4lb/l4lb/lb/api"
+	"github.com/l4lb/l4lb/tests/topo"
+)
+
+// vip4b is the second address of the Kubernetes test's pool.
+var vip4b = netip.MustParseAddr("10.200.0.11")
+
+func kubernetesConfig(kubeconfig string) string {
+	return fmt.Sprintf(`
+[daemon]
+admin_socket   = "{{socket}}"
+metrics_listen = []
+bpffs          = "{{bpffs}}"
+
+[datapath]
+interfaces    = ["eth0"]
+conntrack_max = 65536
+max_services  = 16
+max_backends  = 64
+
+[maglev]
+hash_seed  = %q
+table_size = 251
+
+[discovery.kubernetes]
+kubeconfig = %q
+pools      = ["10.200.0.10/31"]
+
+[discovery.kubernetes.health]
+interval = "200ms"
+timeout  = "150ms"
+rise     = 1
+fall     = 2
+`, e2eSeed, kubeconfig)
+}
+
+// healthz answers kube-proxy's healthCheckNodePort question for one node:
+// 200 while the node has a local endpoint, 503 otherwise.
+type healthz struct{ local atomic.Bool }
+
+func (h *healthz) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
+	if h.local.Load() {
+		w.WriteHeader(http.StatusOK)
+		return
+	}
+	w.WriteHeader(http.StatusServiceUnavailable)
+}
+
+func serveHealthz(t *testing.T, h *topo.Host, port int32) *healthz {
+	t.Helper()
+	hz := &healthz{}
+	var l net.Listener
+	if err := h.NS.Do(func() error {
+		var err error
+		l, err = net.Listen("tcp", netip.AddrPortFrom(h.Addr4, uint16(port)).String())
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: hz}
+	go func() { _ = srv.Serve(l) }()
+	t.Cleanup(func() { srv.Close() })
+	return hz
+}
+
+// spread opens n connections to dst from the client and returns the set
+// of nodes that answered, sorted.
+func spread(t *testing.T, tp *topo.Topology, dst netip.AddrPort, n int) string {
+	t.Helper()
+	seen := map[string]bool{}
+	for i := range n {
+		c, err := tp.Client.DialTCP(0, dst)
+		if err != nil {
+			t.Fatalf("connection %d to %s: %v", i, dst, err)
+		}
+		seen[c.Backend] = true
+		c.Close()
+	}
+	var out []string
+	for b := range seen {
+		out = append(out, b)
+	}
+	slices.Sort(out)
+	return strings.Join(out, ",")
+}
+
+// waitAPI polls l4lbd's admin API until ok holds.
+func waitAPI(t *testing.T, d *topo.L4LBD, what string, ok func([]api.Service, api.Status) bool) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		svcs, err1 := d.API().Services(ctx)
+		st, err2 := d.API().Status(ctx)
+		cancel()
+		if err1 == nil && err2 == nil && ok(svcs, st) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s: services %+v status %+v (%v %v)\n%s", what, svcs, st.Discovery, err1, err2, tail(d.Log()))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func tail(s string) string {
+	if len(s) > 6000 {
+		return s[len(s)-6000:]
+	}
+	return s
+}
+
+// backendStates renders a service's backends as "addr=state/health".
+func backendStates(svcs []api.Service, name string) string {
+	for _, s := range svcs {
+		if s.Name == name {
+			var out []string
+			for _, b := range s.Backends {
+				out = append(out, b.Address+"="+b.State)
+			}
+			slices.Sort(out)
+			return strings.Join(out, " ")
+		}
+	}
+	return "<absent>"
+}
+
+func kubeStale(st api.Status) (bool, bool) {
+	for _, s := range st.Discovery {
+		if s.Name == kubernetes.SourceName {
+			return s.Stale, true
+		}
+	}
+	return false, false
+}
+
+// TestKubernetes runs l4lbd against a real apiserver, which runs on the LB
+// box's 127.0.0.1: Nodes are the backend hosts (each serving the
+// NodePort), the test plays kubelet and EndpointSlice controller, and
+// traffic from the client goes through l4lbd to the nodes.
+func TestKubernetes(t *testing.T) {
+	tp := topo.New(t, topo.Options{LBs: 1, Backends: 2})
+	lbHost := tp.LBs[0]
+	c := kubetest.StartWith(t, kubetest.Options{
+		Command: lbHost.NS.Command,
+		Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			var conn net.Conn
+			err := lbHost.NS.Do(func() error {
+				var err error
+				conn, err = (&net.Dialer{}).DialContext(ctx, network, addr)
+				return err
+			})
+			return conn, err
+		},
+	})
+	c.Apply(filepath.Join("..", "..", "etc", "kubernetes", "rbac.yaml"))
+	kc := c.Kubeconfig("kube-system", "l4lb")
+	ctx := context.Background()
+	nodes := map[string]*topo.Host{}
+	for _, be := range tp.Backends {
+		c.AddNode(be.Name, nil, be.Addr4)
+		nodes[be.Name] = be
+	}
+	if _, err := c.Admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "e2e"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	class := "l4lb.io/l4lb"
+	web, err := c.Admin.CoreV1().Services("e2e").Create(ctx, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "web"},
+		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, LoadBalancerClass: &class,
+			Ports: []corev1.ServicePort{{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodePort := web.Spec.Ports[0].NodePort
+	for _, be := range tp.Backends {
+		be.Serve(netip.AddrPortFrom(be.Addr4, uint16(nodePort)))
+	}
+	tp.RouteVIPs(lbHost, vip4, vip4b)
+	dst := netip.AddrPortFrom(vip4, 80)
+	const name = "e2e.web.80-tcp"
+
+	d := lbHost.StartL4LBD(l4lbd(), kubernetesConfig(kc))
+	waitAPI(t, d, "web programmed on "+dst.String(), func(svcs []api.Service, _ api.Status) bool {
+		return backendStates(svcs, name) == fmt.Sprintf("10.100.0.21:%d=active 10.100.0.22:%d=active", nodePort, nodePort)
+	})
+	status := func(what string, ok func(*corev1.Service) bool) {
+		t.Helper()
+		deadline := time.Now().Add(60 * time.Second)
+		for {
+			s, err := c.Admin.CoreV1().Services("e2e").Get(ctx, "web", metav1.GetOptions{})
+			if err == nil && ok(s) {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting for %s: %+v (%v)", what, s.Status, err)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	status("ingress and condition written back", func(s *corev1.Service) bool {
+		cond := meta.FindStatusCondition(s.Status.Conditions, kubernetes.ConditionProgrammed)
+		return len(s.Status.LoadBalancer.Ingress) == 1 && s.Status.LoadBalancer.Ingress[0].IP == vip4.String() &&
+			cond != nil && cond.Status == metav1.ConditionTrue
+	})
+	if got := spread(t, tp, dst, 16); got != "be1,be2" {
+		t.Errorf("eTP=Cluster: connections reached %q, want both nodes", got)
+	}
+
+	t.Run("ExcludeLabel", func(t *testing.T) {
+		setLabel := func(on bool) {
+			n, err := c.Admin.CoreV1().Nodes().Get(ctx, "be2", metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n.Labels == nil {
+				n.Labels = map[string]string{}
+			}
+			if on {
+				n.Labels["node.kubernetes.io/exclude-from-external-load-balancers"] = ""
+			} else {
+				delete(n.Labels, "node.kubernetes.io/exclude-from-external-load-balancers")
+			}
+			if _, err := c.Admin.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		setLabel(true)
+		waitAPI(t, d, "be2 draining", func(svcs []api.Service, _ api.Status) bool {
+			return strings.Contains(backendStates(svcs, name), "10.100.0.22:"+fmt.Sprint(nodePort)+"=draining")
+		})
+		if got := spread(t, tp, dst, 16); got != "be1" {
+			t.Errorf("be2 excluded: new connections reached %q, want be1 only", got)
+		}
+		setLabel(false)
+		waitAPI(t, d, "be2 back", func(svcs []api.Service, _ api.Status) bool {
+			return !strings.Contains(backendStates(svcs, name), "draining")
+		})
+	})
+
+	t.Run("LocalFollowsPodMove", func(t *testing.T) {
+		var s *corev1.Service
+		for range 10 {
+			s, err = c.Admin.CoreV1().Services("e2e").Get(ctx, "web", metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+			if s, err = c.Admin.CoreV1().Services("e2e").Update(ctx, s, metav1.UpdateOptions{}); err == nil {
+				break
+			}
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		hz := map[string]*healthz{}
+		for n, h := range nodes {
+			hz[n] = serveHealthz(t, h, s.Spec.HealthCheckNodePort)
+		}
+		ports := map[string]int32{"http": 8080}
+		movePod := func(to string) {
+			hz["be1"].local.Store(to == "be1")
+			hz["be2"].local.Store(to == "be2")
+			c.SetEndpoints("e2e", "web", ports, kubetest.Endpoint{Addr: netip.MustParseAddr("10.244." + strings.TrimPrefix(to, "be") + ".5"), Node: to, Ready: true, Serving: true})
+		}
+		for _, to := range []string{"be1", "be2", "be1"} {
+			movePod(to)
+			other := map[string]string{"be1": "10.100.0.22", "be2": "10.100.0.21"}[to]
+			here := nodes[to].Addr4.String()
+			waitAPI(t, d, "the pod on "+to, func(svcs []api.Service, _ api.Status) bool {
+				for _, sv := range svcs {
+					if sv.Name != name {
+						continue
+					}
+					ok := true
+					for _, b := range sv.Backends {
+						switch {
+						case strings.HasPrefix(b.Address, here+":"):
+							ok = ok && b.State == "active" && b.Health == "healthy"
+						case strings.HasPrefix(b.Address, other+":"):
+							ok = ok && b.State == "draining"
+						}
+					}
+					return ok
+				}
+				return false
+			})
+			if got := spread(t, tp, dst, 16); got != to {
+				t.Errorf("eTP=Local with the pod on %s: new connections reached %q", to, got)
+			}
+		}
+	})
+
+	t.Run("RestartKeepsVIP", func(t *testing.T) {
+		d.Restart()
+		waitAPI(t, d, "web programmed after the restart", func(svcs []api.Service, _ api.Status) bool {
+			for _, s := range svcs {
+				if s.Name == name {
+					return s.Frontend == dst.String()+"/tcp"
+				}
+			}
+			return false
+		})
+		if got := spread(t, tp, dst, 8); got != "be1" {
+			t.Errorf("after the restart: connections reached %q, want be1 (the pod's node)", got)
+		}
+	})
+
+	t.Run("ApiserverOutage", func(t *testing.T) {
+		held, err := tp.Client.DialTCP(42000, dst)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer held.Close()
+		start := time.Now()
+		c.KillAPIServer()
+		waitAPI(t, d, "kubernetes stale", func(_ []api.Service, st api.Status) bool { stale, ok := kubeStale(st); return ok && stale })
+		t.Logf("apiserver killed -> l4lbd status shows the Kubernetes source stale: %v", time.Since(start).Round(time.Millisecond))
+		if err := held.Echo("during the outage"); err != nil {
+			t.Errorf("an established connection broke when the apiserver died: %v", err)
+		}
+		if got := spread(t, tp, dst, 8); got != "be1" {
+			t.Errorf("during the outage: new connections reached %q, want be1 as before", got)
+		}
+		// A restart during the outage keeps the adopted services in the
+		// datapath (until the source answers, as with Consul).
+		d.Restart()
+		waitAPI(t, d, "source stale after the restart", func(_ []api.Service, st api.Status) bool { stale, ok := kubeStale(st); return ok && stale })
+		if got := spread(t, tp, dst, 8); got != "be1" {
+			t.Errorf("restarted during the outage: new connections reached %q, want be1 as before", got)
+		}
+		c.StartAPIServer()
+		waitAPI(t, d, "kubernetes fresh again", func(_ []api.Service, st api.Status) bool { stale, ok := kubeStale(st); return ok && !stale })
+		// Changes flow again after the relist: a new Service gets the
+		// pool's other address.
+		if _, err := c.Admin.CoreV1().Services("e2e").Create(ctx, &corev1.Service{
+			ObjectMeta: metav1.ObjectMeta{Name: "web2"},
+			Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, LoadBalancerClass: &class,
+				Ports: []corev1.ServicePort{{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP}}},
+		}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		waitAPI(t, d, "web2 on "+vip4b.String(), func(svcs []api.Service, _ api.Status) bool {
+			for _, s := range svcs {
+				if s.Name == "e2e.web2.80-tcp" {
+					return s.Frontend == netip.AddrPortFrom(vip4b, 80).String()+"/tcp"
+				}
+			}
+			return false
+		})
+		if got := spread(t, tp, dst, 8); got != "be1" {
+			t.Errorf("after the outage: connections to web reached %q, want be1", got)
+		}
+	})
+}
