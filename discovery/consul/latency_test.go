@@ -15,6 +15,7 @@ import (
 
 	"github.com/l4lb/l4lb/discovery"
 	"github.com/l4lb/l4lb/discovery/consul"
+	"github.com/l4lb/l4lb/discovery/discoverytest"
 	"github.com/l4lb/l4lb/lb"
 	"github.com/l4lb/l4lb/lb/datapath"
 	"github.com/l4lb/l4lb/lb/maglev"
@@ -30,63 +31,6 @@ const latencyChanges = 120
 // rate limit, which a faster stream of changes would add.
 const latencyPace = 120 * time.Millisecond
 
-// pipeline is the part of the control plane after the source: merge,
-// defaults, reconcile into one datapath.
-type pipeline struct {
-	name   string
-	merger *discovery.Merger
-	rec    *reconciler.Reconciler
-	state  func() (reconciler.State, error)
-	lat    []time.Duration
-}
-
-// apply runs snap through the pipeline and reports whether the datapath
-// then holds backend addr of the frontend fe (as an entry in its table)
-// exactly when want says so.
-func (p *pipeline) apply(t *testing.T, snap discovery.Snapshot, defs lb.Defaults, fe lb.Frontend, addr netip.AddrPort, want bool) {
-	t.Helper()
-	p.merger.Update(snap)
-	merged, conflicts := p.merger.Desired()
-	if len(conflicts) > 0 {
-		t.Fatalf("%s: conflicts %v", p.name, conflicts)
-	}
-	desired := make([]lb.Service, len(merged))
-	for i, s := range merged {
-		desired[i] = s.WithDefaults(defs)
-	}
-	if err := p.rec.Reconcile(desired); err != nil {
-		t.Fatalf("%s: reconcile: %v", p.name, err)
-	}
-	st, err := p.state()
-	if err != nil {
-		t.Fatalf("%s: read state: %v", p.name, err)
-	}
-	if got := inTable(st, fe, addr); got != want {
-		t.Fatalf("%s: backend %s programmed = %v after reconcile, want %v", p.name, addr, got, want)
-	}
-}
-
-func inTable(st reconciler.State, fe lb.Frontend, addr netip.AddrPort) bool {
-	for _, s := range st.Services {
-		if s.Service.Frontend != fe {
-			continue
-		}
-		for _, b := range s.Backends {
-			if b.Addr == addr && slices.Contains(s.Table, b.ID) {
-				return true
-			}
-		}
-	}
-	return false
-}
-
-func percentile(ds []time.Duration, p float64) time.Duration {
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	i := int(p*float64(len(s))+0.999999) - 1
-	return s[max(0, min(i, len(s)-1))]
-}
-
 // TestPropagationLatency times registration -> snapshot -> reconciler state
 // over latencyChanges agent registrations and deregistrations, into the
 // fake datapath and, as root, into the real BPF maps. It logs the figures;
@@ -99,9 +43,9 @@ func TestPropagationLatency(t *testing.T) {
 	seed := maglev.Seed{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}
 	rcfg := reconciler.Config{Seed: seed, MaxServices: 64, MaxBackends: 256}
 	fake := reconcilertest.NewFake()
-	pipes := []*pipeline{{
-		name: "fake datapath", merger: discovery.NewMerger(), rec: reconciler.New(rcfg, fake, nil),
-		state: func() (reconciler.State, error) { return fake.State(), nil },
+	pipes := []*discoverytest.Pipeline{{
+		Name: "fake datapath", Merger: discovery.NewMerger(), Rec: reconciler.New(rcfg, fake, nil), Defaults: defs,
+		State: func() (reconciler.State, error) { return fake.State(), nil },
 	}}
 	if os.Geteuid() == 0 {
 		dp, err := datapath.Load(datapath.Config{
@@ -112,7 +56,7 @@ func TestPropagationLatency(t *testing.T) {
 			t.Fatalf("load the datapath: %v", err)
 		}
 		t.Cleanup(func() { dp.Close() })
-		pipes = append(pipes, &pipeline{name: "BPF maps", merger: discovery.NewMerger(), rec: reconciler.New(rcfg, dp, nil), state: dp.State})
+		pipes = append(pipes, &discoverytest.Pipeline{Name: "BPF maps", Merger: discovery.NewMerger(), Rec: reconciler.New(rcfg, dp, nil), State: dp.State, Defaults: defs})
 	} else {
 		t.Log("not root: timing the fake datapath only")
 	}
@@ -129,7 +73,7 @@ func TestPropagationLatency(t *testing.T) {
 	}
 	h.waitFor("the lat service", func(svcs []lb.Service) bool { _, ok := find(svcs, "lat"); return ok })
 	for _, p := range pipes {
-		p.apply(t, discovery.Snapshot{Source: consul.SourceName, Services: h.last}, defs, fe, netip.MustParseAddrPort("10.2.5.1:80"), true)
+		p.Apply(t, discovery.Snapshot{Source: consul.SourceName, Services: h.last}, fe, netip.MustParseAddrPort("10.2.5.1:80"), true)
 	}
 
 	var toSnap []time.Duration
@@ -157,13 +101,13 @@ func TestPropagationLatency(t *testing.T) {
 		snap := discovery.Snapshot{Source: consul.SourceName, Services: svcs}
 		for _, p := range pipes {
 			t0 := time.Now()
-			p.apply(t, snap, defs, fe, addr, add)
-			p.lat = append(p.lat, got+time.Since(t0))
+			p.Apply(t, snap, fe, addr, add)
+			p.Lat = append(p.Lat, got+time.Since(t0))
 		}
 	}
 	t.Logf("propagation over %d changes (agent registration/deregistration, %v apart):", latencyChanges, latencyPace)
-	t.Logf("  registration -> snapshot:          median %v, p99 %v", percentile(toSnap, 0.5).Round(time.Microsecond), percentile(toSnap, 0.99).Round(time.Microsecond))
+	t.Logf("  registration -> snapshot:          median %v, p99 %v", discoverytest.Percentile(toSnap, 0.5).Round(time.Microsecond), discoverytest.Percentile(toSnap, 0.99).Round(time.Microsecond))
 	for _, p := range pipes {
-		t.Logf("  registration -> %-17s median %v, p99 %v", p.name+":", percentile(p.lat, 0.5).Round(time.Microsecond), percentile(p.lat, 0.99).Round(time.Microsecond))
+		t.Logf("  registration -> %-17s median %v, p99 %v", p.Name+":", discoverytest.Percentile(p.Lat, 0.5).Round(time.Microsecond), discoverytest.Percentile(p.Lat, 0.99).Round(time.Microsecond))
 	}
 }

@@ -14,6 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/l4lb/l4lb/discovery"
+	"github.com/l4lb/l4lb/discovery/discoverytest"
 	"github.com/l4lb/l4lb/discovery/kubernetes"
 	"github.com/l4lb/l4lb/discovery/kubernetes/kubetest"
 	"github.com/l4lb/l4lb/lb"
@@ -25,59 +26,6 @@ import (
 
 // latencyChanges is how many changes of each kind are timed.
 const latencyChanges = 60
-
-// pipeline is the control plane after the source: merge, defaults,
-// reconcile into one datapath.
-type pipeline struct {
-	name   string
-	merger *discovery.Merger
-	rec    *reconciler.Reconciler
-	state  func() (reconciler.State, error)
-	lat    []time.Duration
-}
-
-// apply runs snap through the pipeline and checks that the datapath's
-// table for fe then holds addr exactly when want says so.
-func (p *pipeline) apply(t *testing.T, snap discovery.Snapshot, fe lb.Frontend, addr netip.AddrPort, want bool) {
-	t.Helper()
-	p.merger.Update(snap)
-	merged, _ := p.merger.Desired()
-	desired := make([]lb.Service, len(merged))
-	for i, s := range merged {
-		desired[i] = s.WithDefaults(testDefaults)
-	}
-	if err := p.rec.Reconcile(desired); err != nil {
-		t.Fatalf("%s: reconcile: %v", p.name, err)
-	}
-	st, err := p.state()
-	if err != nil {
-		t.Fatalf("%s: read state: %v", p.name, err)
-	}
-	if got := inTable(st, fe, addr); got != want {
-		t.Fatalf("%s: backend %s in the table = %v after reconcile, want %v", p.name, addr, got, want)
-	}
-}
-
-func inTable(st reconciler.State, fe lb.Frontend, addr netip.AddrPort) bool {
-	for _, s := range st.Services {
-		if s.Service.Frontend != fe {
-			continue
-		}
-		for _, b := range s.Backends {
-			if b.Addr == addr && slices.Contains(s.Table, b.ID) {
-				return true
-			}
-		}
-	}
-	return false
-}
-
-func percentile(ds []time.Duration, p float64) time.Duration {
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	i := int(p*float64(len(s))+0.999999) - 1
-	return s[max(0, min(i, len(s)-1))]
-}
 
 // testPropagationLatency times a change in the apiserver -> snapshot ->
 // datapath state, for EndpointSlice changes (a pod endpoint comes and goes)
@@ -100,8 +48,8 @@ func testPropagationLatency(t *testing.T, c *kubetest.Cluster, kc string) {
 	seed := maglev.Seed{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}
 	rcfg := reconciler.Config{Seed: seed, MaxServices: 64, MaxBackends: 256}
 	fake := reconcilertest.NewFake()
-	pipes := []*pipeline{{name: "fake datapath", merger: discovery.NewMerger(), rec: reconciler.New(rcfg, fake, nil),
-		state: func() (reconciler.State, error) { return fake.State(), nil }}}
+	pipes := []*discoverytest.Pipeline{{Name: "fake datapath", Merger: discovery.NewMerger(), Rec: reconciler.New(rcfg, fake, nil), Defaults: testDefaults,
+		State: func() (reconciler.State, error) { return fake.State(), nil }}}
 	if os.Geteuid() == 0 {
 		// SNAT needs a source address; it is only stored, no packet is sent.
 		dp, err := datapath.Load(datapath.Config{Seed: seed, MaxServices: 64, MaxBackends: 256, ConntrackMax: 4096,
@@ -111,7 +59,7 @@ func testPropagationLatency(t *testing.T, c *kubetest.Cluster, kc string) {
 			t.Fatalf("load the datapath: %v", err)
 		}
 		t.Cleanup(func() { dp.Close() })
-		pipes = append(pipes, &pipeline{name: "BPF maps", merger: discovery.NewMerger(), rec: reconciler.New(rcfg, dp, nil), state: dp.State})
+		pipes = append(pipes, &discoverytest.Pipeline{Name: "BPF maps", Merger: discovery.NewMerger(), Rec: reconciler.New(rcfg, dp, nil), State: dp.State, Defaults: testDefaults})
 	} else {
 		t.Log("not root: timing the fake datapath only")
 	}
@@ -123,7 +71,7 @@ func testPropagationLatency(t *testing.T, c *kubetest.Cluster, kc string) {
 	nodeSvc, _ := find(svcs, "latency.nodes.80-tcp")
 	node2 := netip.AddrPortFrom(netip.MustParseAddr("10.8.0.2"), uint16(node.Spec.Ports[0].NodePort))
 	for _, p := range pipes {
-		p.apply(t, discovery.Snapshot{Source: kubernetes.SourceName, Services: svcs}, nodeSvc.Frontend, node2, true)
+		p.Apply(t, discovery.Snapshot{Source: kubernetes.SourceName, Services: svcs}, nodeSvc.Frontend, node2, true)
 	}
 
 	type kind struct {
@@ -138,7 +86,7 @@ func testPropagationLatency(t *testing.T, c *kubetest.Cluster, kc string) {
 		var fe lb.Frontend
 		var addr netip.AddrPort
 		var check func([]lb.Service) bool
-		start := time.Now()
+		var start time.Time
 		if k.name == "EndpointSlice" {
 			fe = podSvc.Frontend
 			addr = netip.AddrPortFrom(netip.MustParseAddr(fmt.Sprintf("10.244.1.%d", 1+i/4%200)), 8080)
@@ -177,15 +125,15 @@ func testPropagationLatency(t *testing.T, c *kubetest.Cluster, kc string) {
 		snap := discovery.Snapshot{Source: kubernetes.SourceName, Services: got}
 		for _, p := range pipes {
 			t0 := time.Now()
-			p.apply(t, snap, fe, addr, on)
-			k.pipes[p.name] = append(k.pipes[p.name], d+time.Since(t0))
+			p.Apply(t, snap, fe, addr, on)
+			k.pipes[p.Name] = append(k.pipes[p.Name], d+time.Since(t0))
 		}
 	}
 	t.Logf("propagation over %d changes of each kind (each one waited for before the next):", latencyChanges)
 	for _, k := range kinds {
-		t.Logf("  %-13s change -> snapshot:   median %v, p99 %v", k.name, percentile(k.toSrc, 0.5).Round(time.Microsecond), percentile(k.toSrc, 0.99).Round(time.Microsecond))
+		t.Logf("  %-13s change -> snapshot:   median %v, p99 %v", k.name, discoverytest.Percentile(k.toSrc, 0.5).Round(time.Microsecond), discoverytest.Percentile(k.toSrc, 0.99).Round(time.Microsecond))
 		for _, p := range pipes {
-			t.Logf("  %-13s change -> %-14s median %v, p99 %v", k.name, p.name+":", percentile(k.pipes[p.name], 0.5).Round(time.Microsecond), percentile(k.pipes[p.name], 0.99).Round(time.Microsecond))
+			t.Logf("  %-13s change -> %-14s median %v, p99 %v", k.name, p.Name+":", discoverytest.Percentile(k.pipes[p.Name], 0.5).Round(time.Microsecond), discoverytest.Percentile(k.pipes[p.Name], 0.99).Round(time.Microsecond))
 		}
 	}
 }
