@@ -106,10 +106,17 @@ func (t *translator) selected(svc *corev1.Service) bool {
 // inputs, so every box fed by the same cluster decides the same.
 func (t *translator) translate(w world) result {
 	res := result{outcomes: map[key]*outcome{}, assigned: map[key][]netip.Addr{}}
-	var served []*corev1.Service
+	// served are the Services this box balances; releasing are deleted
+	// ones that still carry our finalizer: their VIPs may still be in the
+	// datapath, so they keep them until the finalizer is released.
+	var served, releasing []*corev1.Service
 	for _, svc := range w.services {
-		if t.selected(svc) && svc.DeletionTimestamp == nil {
+		switch {
+		case !t.selected(svc):
+		case svc.DeletionTimestamp == nil:
 			served = append(served, svc)
+		case slices.Contains(svc.Finalizers, Finalizer):
+			releasing = append(releasing, svc)
 		}
 	}
 	// The oldest Service claims first, so that a new Service can never take
@@ -123,7 +130,7 @@ func (t *translator) translate(w world) result {
 	nodes, nodeProblems := t.eligibleNodes(w.nodes)
 	res.problems = append(res.problems, nodeProblems...)
 
-	vips := t.assign(served, &res)
+	vips := t.assign(served, releasing, &res)
 	for _, svc := range served {
 		k := keyOf(svc)
 		o := res.outcomes[k]
@@ -227,6 +234,8 @@ type holder struct {
 	svc   key
 	share string // its sharing key; "" shares with nobody
 	ports []portKey
+	// deleted: a deleted Service whose VIP may still be in the datapath.
+	deleted bool
 }
 
 func portsOf(svc *corev1.Service) []portKey {
@@ -237,11 +246,15 @@ func portsOf(svc *corev1.Service) []portKey {
 	return out
 }
 
+func shareOf(svc *corev1.Service) string {
+	return strings.TrimSpace(svc.Annotations[AnnotationSharingKey])
+}
+
 // fits reports whether a Service with share and ports may join the holders
 // of one address.
 func fits(holders []holder, share string, ports []portKey) bool {
 	for _, h := range holders {
-		if share == "" || h.share != share {
+		if share == "" || h.share != share || h.deleted {
 			return false
 		}
 		for _, p := range ports {
@@ -253,16 +266,20 @@ func fits(holders []holder, share string, ports []portKey) bool {
 	return true
 }
 
-// assign chooses every served Service's VIPs, in three passes so that
-// addresses already in use are placed before any is handed out: first the
-// requested ones (l4lb.io/ips, spec.loadBalancerIP), then those a Service
-// already has (status, or an earlier assignment of this box), then new
-// ones from the pools.
-func (t *translator) assign(served []*corev1.Service, res *result) map[key][]netip.Addr {
+// assign chooses every served Service's VIPs. Addresses in use are placed
+// before any other: first those of deleted Services not yet released,
+// then those a Service already has (status, or an earlier choice of this
+// box) unless it now asks for another one; then the requested ones
+// (l4lb.io/ips, spec.loadBalancerIP); then new ones from the pools. So a
+// VIP never moves unless its own Service asks, and a request for an
+// address another Service has is refused rather than granted by moving
+// that one.
+func (t *translator) assign(served, releasing []*corev1.Service, res *result) map[key][]netip.Addr {
 	held := map[netip.Addr][]holder{}
 	vips := map[key][]netip.Addr{}
 	type want struct {
 		v6   bool
+		req  netip.Addr // the address requested for this family, if any
 		done bool
 	}
 	wants := map[key][]*want{}
@@ -276,11 +293,10 @@ func (t *translator) assign(served []*corev1.Service, res *result) map[key][]net
 	}
 	take := func(svc *corev1.Service, a netip.Addr) bool {
 		k := keyOf(svc)
-		share := strings.TrimSpace(svc.Annotations[AnnotationSharingKey])
-		if !fits(held[a], share, portsOf(svc)) {
+		if !fits(held[a], shareOf(svc), portsOf(svc)) {
 			return false
 		}
-		held[a] = append(held[a], holder{svc: k, share: share, ports: portsOf(svc)})
+		held[a] = append(held[a], holder{svc: k, share: shareOf(svc), ports: portsOf(svc)})
 		vips[k] = append(vips[k], a)
 		return true
 	}
@@ -290,7 +306,18 @@ func (t *translator) assign(served []*corev1.Service, res *result) map[key][]net
 		}
 	}
 
-	// Pass 1: requested addresses.
+	// Deleted Services awaiting the release of their finalizer.
+	for _, svc := range releasing {
+		k := keyOf(svc)
+		for _, a := range slices.Concat(statusIPs(svc), t.prev[k]) {
+			if t.inPool(a, "") && !slices.ContainsFunc(held[a], func(h holder) bool { return h.svc == k }) {
+				held[a] = append(held[a], holder{svc: k, share: shareOf(svc), ports: portsOf(svc), deleted: true})
+			}
+		}
+	}
+	// Requests, matched to the families they are for. A Service whose
+	// request cannot be read is refused, but keeps what it has for when it
+	// is fixed.
 	for _, svc := range served {
 		k := keyOf(svc)
 		o := res.outcomes[k]
@@ -300,20 +327,42 @@ func (t *translator) assign(served []*corev1.Service, res *result) map[key][]net
 			continue
 		}
 		for _, a := range req {
-			var w *want
-			for _, x := range wants[k] {
-				if x.v6 == a.Is6() && !x.done {
-					w = x
+			i := slices.IndexFunc(wants[k], func(w *want) bool { return w.v6 == a.Is6() && !w.req.IsValid() })
+			if i < 0 {
+				fail(o, ReasonInvalidConfig, "requested VIP %s is %s, but spec.ipFamilies has no such family (or names it once and two are requested)", a, family(a))
+				continue
+			}
+			wants[k][i].req = a
+		}
+	}
+	// Addresses the Service already has.
+	for _, svc := range served {
+		k := keyOf(svc)
+		have := slices.Concat(statusIPs(svc), t.prev[k])
+		for _, w := range wants[k] {
+			for _, a := range have {
+				if a.Is6() != w.v6 || (w.req.IsValid() && a != w.req) {
+					continue
+				}
+				if (w.req.IsValid() || t.inPool(a, poolOf(svc))) && t.inPool(a, "") && take(svc, a) {
+					w.done = true
+					break
 				}
 			}
-			if w != nil {
-				// A requested address that cannot be had is reported,
-				// never replaced by another one.
-				w.done = true
+		}
+	}
+	// Requested addresses. One that cannot be had is reported, never
+	// replaced by another one.
+	for _, svc := range served {
+		k := keyOf(svc)
+		o := res.outcomes[k]
+		for _, w := range wants[k] {
+			if w.done || !w.req.IsValid() {
+				continue
 			}
+			w.done = true
+			a := w.req
 			switch {
-			case w == nil:
-				fail(o, ReasonInvalidConfig, "requested VIP %s is %s, but spec.ipFamilies has no such family (or names it once and two are requested)", a, family(a))
 			case !t.inPool(a, ""):
 				fail(o, ReasonNoPool, "requested VIP %s lies in no configured pool: add a pool holding it to [discovery.kubernetes] pools or named_pools", a)
 			case !take(svc, a):
@@ -321,27 +370,7 @@ func (t *translator) assign(served []*corev1.Service, res *result) map[key][]net
 			}
 		}
 	}
-	// Pass 2: addresses the Service already has.
-	for _, svc := range served {
-		k := keyOf(svc)
-		if res.outcomes[k].reason == ReasonInvalidConfig {
-			continue
-		}
-		have := statusIPs(svc)
-		have = append(have, t.prev[k]...)
-		for _, w := range wants[k] {
-			if w.done {
-				continue
-			}
-			for _, a := range have {
-				if a.Is6() == w.v6 && t.inPool(a, poolOf(svc)) && take(svc, a) {
-					w.done = true
-					break
-				}
-			}
-		}
-	}
-	// Pass 3: new addresses.
+	// New addresses.
 	for _, svc := range served {
 		k := keyOf(svc)
 		o := res.outcomes[k]
@@ -399,7 +428,11 @@ func severity(r string) int {
 func heldBy(hs []holder) string {
 	var names []string
 	for _, h := range hs {
-		names = append(names, "Service "+h.svc.String())
+		n := "Service " + h.svc.String()
+		if h.deleted {
+			n += " (deleted; free once the datapath dropped it)"
+		}
+		names = append(names, n)
 	}
 	return strings.Join(names, ", ")
 }
@@ -408,10 +441,10 @@ func heldBy(hs []holder) string {
 // the same sharing key hold, when their ports are disjoint, else the lowest
 // address nobody holds.
 func (t *translator) free(prefixes []netip.Prefix, v6 bool, held map[netip.Addr][]holder, svc *corev1.Service, take func(*corev1.Service, netip.Addr) bool) bool {
-	if share := strings.TrimSpace(svc.Annotations[AnnotationSharingKey]); share != "" {
+	if share := shareOf(svc); share != "" {
 		var shared []netip.Addr
 		for a, hs := range held {
-			if a.Is6() == v6 && len(hs) > 0 && hs[0].share == share && inAny(a, prefixes) {
+			if a.Is6() == v6 && len(hs) > 0 && hs[0].share == share && !hs[0].deleted && inAny(a, prefixes) {
 				shared = append(shared, a)
 			}
 		}

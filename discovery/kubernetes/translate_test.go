@@ -57,6 +57,13 @@ func status(ip string) svcOpt {
 		s.Status.LoadBalancer.Ingress = append(s.Status.LoadBalancer.Ingress, corev1.LoadBalancerIngress{IP: ip})
 	}
 }
+func deleted(finalizer string) svcOpt {
+	return func(s *corev1.Service) {
+		now := metav1.NewTime(epoch.Add(time.Hour))
+		s.DeletionTimestamp = &now
+		s.Finalizers = append(s.Finalizers, finalizer)
+	}
+}
 func local(hcPort int32) svcOpt {
 	return func(s *corev1.Service) {
 		s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
@@ -124,13 +131,50 @@ func TestVIPChoice(t *testing.T) {
 			want:     map[string]string{"s": "192.0.2.1"},
 		},
 		{
-			name: "requested addresses are placed before held ones",
+			name: "a request never moves the Service that has the address",
 			svcs: []*corev1.Service{
-				lbSvc("a", "holder", 1, status("192.0.2.3")),
-				lbSvc("a", "asker", 2, ann(AnnotationIPs, "192.0.2.3")),
+				lbSvc("a", "asker", 1, ann(AnnotationIPs, "192.0.2.3")),
+				lbSvc("a", "holder", 2, status("192.0.2.3")),
 			},
 			allocate: true,
-			want:     map[string]string{"asker": "192.0.2.3", "holder": "192.0.2.1"},
+			want:     map[string]string{"asker": "", "holder": "192.0.2.3"},
+			reasons:  map[string]string{"asker": ReasonIPConflict},
+		},
+		{
+			name:     "a new request moves the Service off its old address",
+			svcs:     []*corev1.Service{lbSvc("a", "s", 1, status("192.0.2.5"), ann(AnnotationIPs, "192.0.2.4"))},
+			allocate: true,
+			want:     map[string]string{"s": "192.0.2.4"},
+		},
+		{
+			name: "an unreadable request refuses the Service, which keeps its address",
+			svcs: []*corev1.Service{
+				lbSvc("a", "typo", 1, status("192.0.2.1"), ann(AnnotationIPs, "192.0.2.x")),
+				lbSvc("a", "new", 2),
+			},
+			allocate: true,
+			want:     map[string]string{"typo": "192.0.2.1", "new": "192.0.2.2"},
+			reasons:  map[string]string{"typo": ReasonInvalidConfig},
+		},
+		{
+			name: "a deleted Service keeps its address until its finalizer is released",
+			svcs: []*corev1.Service{
+				lbSvc("a", "gone", 1, status("192.0.2.1"), deleted(Finalizer)),
+				lbSvc("a", "asker", 2, ann(AnnotationIPs, "192.0.2.1")),
+				lbSvc("a", "new", 3),
+			},
+			allocate: true,
+			want:     map[string]string{"gone": "<not served>", "asker": "", "new": "192.0.2.2"},
+			reasons:  map[string]string{"asker": ReasonIPConflict},
+		},
+		{
+			name: "a deleted Service without our finalizer holds nothing",
+			svcs: []*corev1.Service{
+				lbSvc("a", "gone", 1, status("192.0.2.1"), deleted("example.com/other")),
+				lbSvc("a", "new", 2),
+			},
+			allocate: true,
+			want:     map[string]string{"gone": "<not served>", "new": "192.0.2.1"},
 		},
 		{
 			name:     "no allocation before the first full list",
