@@ -104,7 +104,7 @@ func TestDependencyEdges(t *testing.T) {
 			if strings.HasPrefix(imp, "k8s.io/") && p.ImportPath != module+"/discovery/kubernetes" && p.ImportPath != kubetest {
 				t.Errorf("%s imports %s: only discovery/kubernetes may import k8s.io", p.ImportPath, imp)
 			}
-			if imp == kubetest || imp == module+"/discovery/discoverytest" {
+			if imp == kubetest || imp == module+"/internal/discoverytest" {
 				t.Errorf("%s imports %s: it is test support, for _test.go files only", p.ImportPath, imp)
 			}
 			if strings.HasPrefix(p.ImportPath, module+"/discovery") && strings.HasPrefix(imp, module+"/lb/datapath") {

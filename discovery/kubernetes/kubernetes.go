@@ -112,29 +112,13 @@ func (o *Options) fill() {
 }
 
 // Status is what the source reports for `l4lbctl status` and metrics.
+// LastSync is when the apiserver last answered (every ProbeInterval while
+// Healthy); after an outage, Healthy returns once everything has been
+// listed afresh. Errors name the Service or Node of each part left out.
 type Status struct {
-	// LastSync is when the apiserver last answered. During an outage it
-	// stays put and Staleness grows. Zero until the first full list.
-	LastSync time.Time
-	// Healthy is true when the first full list is in and the apiserver
-	// answers.
-	Healthy bool
-	// Error says why the source is not Healthy.
-	Error string
-	// Errors are the Services refused and the parts left out, one line
-	// each, naming the Service or Node, sorted.
-	Errors []string
+	discovery.Status
 	// Leader is true while this box writes status and Events.
 	Leader bool
-}
-
-// Staleness is how long the published services may have missed changes:
-// zero while Healthy, else the time since LastSync.
-func (s Status) Staleness(now time.Time) time.Duration {
-	if s.Healthy || s.LastSync.IsZero() {
-		return 0
-	}
-	return now.Sub(s.LastSync)
 }
 
 // Source watches one cluster. Its Run may be called once.
@@ -148,12 +132,10 @@ type Source struct {
 	changed chan struct{} // the view changed: translate again
 	write   chan struct{} // something status depends on changed
 
-	services  listerscorev1.ServiceLister
-	nodes     listerscorev1.NodeLister
-	endpoints listersdiscoveryv1.EndpointSliceLister
-
 	mu         sync.Mutex
 	running    bool
+	view       *view     // the informers read; nil until the first full list
+	cutFirst   func()    // ends the attempt at the first full list
 	synced     bool      // the first full list is in
 	failing    error     // nil while the apiserver answers
 	lastSync   time.Time // last answer
@@ -245,45 +227,16 @@ func (s *Source) Run(ctx context.Context, out chan<- discovery.Snapshot) error {
 	s.mu.Unlock()
 
 	s.log.Info("watching Kubernetes", "apiserver", s.host, "load_balancer_class", s.cfg.LoadBalancerClass, "include_classless", s.cfg.IncludeClassless, "backends", s.cfg.Backends)
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
 	var wg sync.WaitGroup
-	defer wg.Wait()
-
-	f := informers.NewSharedInformerFactory(s.client, 0)
-	svcInf := f.Core().V1().Services()
-	nodeInf := f.Core().V1().Nodes()
-	epInf := f.Discovery().V1().EndpointSlices()
-	s.services, s.nodes, s.endpoints = svcInf.Lister(), nodeInf.Lister(), epInf.Lister()
-	handler := cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(any) { s.heard() },
-		UpdateFunc: func(any, any) { s.heard() },
-		DeleteFunc: func(any) { s.heard() },
-	}
-	for name, inf := range map[string]cache.SharedIndexInformer{"services": svcInf.Informer(), "nodes": nodeInf.Informer(), "endpointslices": epInf.Informer()} {
-		if _, err := inf.AddEventHandler(handler); err != nil {
-			return fmt.Errorf("kubernetes: %s informer: %w", name, err)
-		}
-		if err := inf.SetWatchErrorHandlerWithContext(func(_ context.Context, _ *cache.Reflector, err error) { s.watchFailed(name, err) }); err != nil {
-			return fmt.Errorf("kubernetes: %s informer: %w", name, err)
-		}
-	}
-	f.Start(ctx.Done())
-	defer f.Shutdown()
-
-	synced := make(chan struct{})
-	wg.Add(3)
-	go func() {
-		defer wg.Done()
-		if cache.WaitForCacheSync(ctx.Done(), svcInf.Informer().HasSynced, nodeInf.Informer().HasSynced, epInf.Informer().HasSynced) {
-			s.mu.Lock()
-			s.synced = true
-			s.lastSync = time.Now()
-			s.mu.Unlock()
-			s.succeeded()
-			close(synced)
+	ctx, cancel := context.WithCancel(ctx)
+	defer func() {
+		cancel()
+		wg.Wait()
+		if v := s.current(); v != nil {
+			v.stop()
 		}
 	}()
+	wg.Add(2)
 	go func() {
 		defer wg.Done()
 		s.probe(ctx)
@@ -293,11 +246,33 @@ func (s *Source) Run(ctx context.Context, out chan<- discovery.Snapshot) error {
 		s.writer(ctx)
 	}()
 
-	select {
-	case <-synced:
-	case <-ctx.Done():
-		return nil
+	var v *view
+	for v == nil {
+		// The probe cuts an attempt short when the apiserver answers
+		// again after it did not: the informers would only retry after
+		// their backoff.
+		attempt, cut := context.WithCancel(ctx)
+		s.mu.Lock()
+		s.cutFirst = cut
+		s.mu.Unlock()
+		var err error
+		v, err = s.watch(ctx, attempt)
+		cut()
+		if err != nil {
+			return err
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
 	}
+	s.mu.Lock()
+	s.cutFirst = nil
+	s.view = v
+	s.synced = true
+	s.lastSync = time.Now()
+	s.mu.Unlock()
+	s.succeeded()
+
 	var last []lb.Service
 	sent := false
 	expire := time.NewTimer(time.Hour)
@@ -325,6 +300,78 @@ func (s *Source) Run(ctx context.Context, out chan<- discovery.Snapshot) error {
 	}
 }
 
+// view is one set of informers on Services, Nodes and EndpointSlices.
+type view struct {
+	services  listerscorev1.ServiceLister
+	nodes     listerscorev1.NodeLister
+	endpoints listersdiscoveryv1.EndpointSliceLister
+	// stop ends the informers and waits for them.
+	stop func()
+}
+
+// watch starts a view that runs until ctx ends or it is stopped, and waits
+// until each informer has listed in full. It returns nil when attempt (ctx,
+// or a context derived from it) ends first.
+func (s *Source) watch(ctx, attempt context.Context) (*view, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	f := informers.NewSharedInformerFactory(s.client, 0)
+	svcInf := f.Core().V1().Services()
+	nodeInf := f.Core().V1().Nodes()
+	epInf := f.Discovery().V1().EndpointSlices()
+	v := &view{services: svcInf.Lister(), nodes: nodeInf.Lister(), endpoints: epInf.Lister(),
+		stop: func() { cancel(); f.Shutdown() }}
+	handler := cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { s.heard() },
+		UpdateFunc: func(any, any) { s.heard() },
+		DeleteFunc: func(any) { s.heard() },
+	}
+	for name, inf := range map[string]cache.SharedIndexInformer{"services": svcInf.Informer(), "nodes": nodeInf.Informer(), "endpointslices": epInf.Informer()} {
+		if _, err := inf.AddEventHandler(handler); err != nil {
+			v.stop()
+			return nil, fmt.Errorf("kubernetes: %s informer: %w", name, err)
+		}
+		if err := inf.SetWatchErrorHandlerWithContext(func(_ context.Context, _ *cache.Reflector, err error) { s.watchFailed(v, name, err) }); err != nil {
+			v.stop()
+			return nil, fmt.Errorf("kubernetes: %s informer: %w", name, err)
+		}
+	}
+	f.Start(ctx.Done())
+	if !cache.WaitForCacheSync(attempt.Done(), svcInf.Informer().HasSynced, nodeInf.Informer().HasSynced, epInf.Informer().HasSynced) {
+		v.stop()
+		return nil, nil
+	}
+	return v, nil
+}
+
+func (s *Source) current() *view {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.view
+}
+
+// resync replaces the view after an outage with one listed afresh, so that
+// what changed while the apiserver was out of reach is in it, and only
+// then ends the outage: until the new lists are in, the old view keeps
+// serving and no address is handed out. Informers left to themselves
+// would resume their watches after a backoff of up to a minute, while the
+// apiserver already answers.
+func (s *Source) resync(ctx context.Context) {
+	v, err := s.watch(ctx, ctx)
+	if err != nil {
+		s.log.Error("cannot watch Kubernetes again after the outage", "error", err)
+		return
+	}
+	if v == nil {
+		return
+	}
+	s.mu.Lock()
+	old := s.view
+	s.view = v
+	s.mu.Unlock()
+	old.stop()
+	s.succeeded()
+}
+
 // heard is every informer event: the view changed, and the apiserver
 // answered.
 func (s *Source) heard() {
@@ -345,11 +392,12 @@ func (s *Source) kickWriter() {
 // publish, and when a lingering backend expires (zero: none).
 func (s *Source) build(now time.Time) ([]lb.Service, time.Time) {
 	var w world
-	all, _ := s.services.List(labels.Everything())
+	v := s.current()
+	all, _ := v.services.List(labels.Everything())
 	w.services = all
-	w.nodes, _ = s.nodes.List(labels.Everything())
+	w.nodes, _ = v.nodes.List(labels.Everything())
 	w.slices = map[key][]*discoveryv1.EndpointSlice{}
-	eps, _ := s.endpoints.List(labels.Everything())
+	eps, _ := v.endpoints.List(labels.Everything())
 	for _, e := range eps {
 		if name := e.Labels[labelServiceName]; name != "" {
 			k := key{e.Namespace, name}
@@ -426,7 +474,7 @@ func (s *Source) SetProgrammed(fes []lb.Frontend) {
 func (s *Source) Status() Status {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	st := Status{LastSync: s.lastSync, Healthy: s.synced && s.failing == nil, Leader: s.leader}
+	st := Status{Status: discovery.Status{LastSync: s.lastSync, Healthy: s.synced && s.failing == nil}, Leader: s.leader}
 	switch {
 	case s.failing != nil:
 		st.Error = s.failing.Error()
@@ -437,11 +485,16 @@ func (s *Source) Status() Status {
 	return st
 }
 
-// watchFailed is an informer's list or watch error: the apiserver did not
-// answer (or refused). A watch the server closed, or one whose resource
-// version expired, is routine and relisted without an outage.
-func (s *Source) watchFailed(informer string, err error) {
+// watchFailed is a list or watch error of an informer of v: the apiserver
+// did not answer (or refused). A watch the server closed, or one whose
+// resource version expired, is routine and relisted without an outage.
+// The errors of a view being replaced, or not yet in use after an outage,
+// change nothing.
+func (s *Source) watchFailed(v *view, informer string, err error) {
 	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || apierrors.IsResourceExpired(err) || apierrors.IsGone(err) {
+		return
+	}
+	if cur := s.current(); cur != nil && cur != v {
 		return
 	}
 	s.failed(fmt.Errorf("%s: %w", informer, err))
@@ -469,7 +522,7 @@ func (s *Source) succeeded() {
 		return
 	}
 	if s.logged == stateFailing && !prev.IsZero() {
-		s.log.Info("the Kubernetes apiserver answers again; services follow it", "apiserver", s.host, "stale_for", s.lastSync.Sub(prev).Round(time.Millisecond))
+		s.log.Info("the Kubernetes apiserver answers again and everything is listed afresh; services follow it", "apiserver", s.host, "stale_for", s.lastSync.Sub(prev).Round(time.Millisecond))
 	} else {
 		s.log.Info("Kubernetes view complete", "apiserver", s.host)
 	}
@@ -482,10 +535,13 @@ func (s *Source) succeeded() {
 
 // probe asks the apiserver for its version every ProbeInterval: a dead
 // apiserver behind a load balancer, or a partition, can leave watches open
-// and silent for minutes.
+// and silent for minutes. The first answer after a failure starts a
+// resync, and the outage ends when it is done; before the first full list,
+// it starts the list again at once.
 func (s *Source) probe(ctx context.Context) {
 	t := time.NewTicker(s.opts.ProbeInterval)
 	defer t.Stop()
+	down := false // the last probe failed
 	for {
 		select {
 		case <-ctx.Done():
@@ -500,13 +556,21 @@ func (s *Source) probe(ctx context.Context) {
 		}
 		if err != nil {
 			s.failed(fmt.Errorf("GET %s/version: %w", strings.TrimSuffix(s.host, "/"), err))
+			down = true
 			continue
 		}
+		back := down
+		down = false
 		s.mu.Lock()
-		synced := s.synced
+		synced, failing, cut := s.synced, s.failing != nil, s.cutFirst
 		s.mu.Unlock()
-		if synced {
+		switch {
+		case synced && failing:
+			s.resync(ctx)
+		case synced:
 			s.succeeded()
+		case back && cut != nil:
+			cut()
 		}
 	}
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/l4lb/l4lb/discovery"
 	"github.com/l4lb/l4lb/discovery/kubernetes"
 	"github.com/l4lb/l4lb/discovery/kubernetes/kubetest"
+	"github.com/l4lb/l4lb/internal/discoverytest"
 	"github.com/l4lb/l4lb/lb"
 	"github.com/l4lb/l4lb/lb/config"
 )
@@ -148,7 +149,7 @@ func (h *harness) waitFor(what string, ok func([]lb.Service) bool) []lb.Service 
 		case <-h.wake:
 		case <-time.After(50 * time.Millisecond):
 		case <-deadline:
-			h.t.Fatalf("timed out waiting for %s; last snapshot:\n%s", what, dump(svcs))
+			h.t.Fatalf("timed out waiting for %s; last snapshot:\n%s", what, discoverytest.Dump(svcs))
 		}
 	}
 }
@@ -162,27 +163,6 @@ func (h *harness) program() {
 		fes = append(fes, s.Frontend)
 	}
 	h.src.SetProgrammed(fes)
-}
-
-func dump(svcs []lb.Service) string {
-	var b strings.Builder
-	for _, s := range svcs {
-		fmt.Fprintf(&b, "  %s %s:", s.Name, s.Frontend)
-		for _, be := range s.Backends {
-			fmt.Fprintf(&b, " %s/%s", be.Addr, be.State)
-		}
-		b.WriteString("\n")
-	}
-	return b.String()
-}
-
-func find(svcs []lb.Service, name string) (lb.Service, bool) {
-	for _, s := range svcs {
-		if s.Name == name {
-			return s, true
-		}
-	}
-	return lb.Service{}, false
 }
 
 func addrs(bs []lb.Backend, state lb.BackendState) string {
@@ -330,9 +310,9 @@ func testServeAndWriteBack(t *testing.T, c *kubetest.Cluster, kc string) {
 	createService(t, c, ns, "theirs", func(s *corev1.Service) { cl := "example.com/other"; s.Spec.LoadBalancerClass = &cl })
 
 	h := runSource(t, sourceConfig(kc, "basic", sel), "basic-box", ns)
-	svcs := h.waitFor("web", func(svcs []lb.Service) bool { _, ok := find(svcs, "basic.web.80-tcp"); return ok })
+	svcs := h.waitFor("web", func(svcs []lb.Service) bool { _, ok := discoverytest.Find(svcs, "basic.web.80-tcp"); return ok })
 	if len(svcs) != 1 {
-		t.Fatalf("published %d services, want only web (class-less and other-class ones untouched):\n%s", len(svcs), dump(svcs))
+		t.Fatalf("published %d services, want only web (class-less and other-class ones untouched):\n%s", len(svcs), discoverytest.Dump(svcs))
 	}
 	s := svcs[0]
 	np := web.Spec.Ports[0].NodePort
@@ -380,18 +360,28 @@ func testServeAndWriteBack(t *testing.T, c *kubetest.Cluster, kc string) {
 		}
 	}
 
-	// A deleted Service leaves the snapshot at once, but is released only
-	// once the datapath dropped its VIP.
+	// A deleted Service leaves the snapshot at once, but is released, and
+	// its VIP free for another Service, only once the datapath dropped it.
 	if err := c.Admin.CoreV1().Services(ns).Delete(context.Background(), "web", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	h.waitFor("web gone", func(svcs []lb.Service) bool { return len(svcs) == 0 })
+	createService(t, c, ns, "next")
+	svcs = h.waitFor("next", func(svcs []lb.Service) bool { _, ok := discoverytest.Find(svcs, "basic.next.80-tcp"); return ok })
+	if s, _ := discoverytest.Find(svcs, "basic.next.80-tcp"); s.Frontend.Addr.String() != "192.0.2.2" {
+		t.Errorf("next got %s while the deleted web's 192.0.2.1 was still in the datapath, want 192.0.2.2", s.Frontend.Addr)
+	}
 	time.Sleep(time.Second)
 	if _, ok := getService(t, c, ns, "web"); !ok {
 		t.Fatal("web was released while the datapath still held its VIP")
 	}
-	h.src.SetProgrammed(nil)
+	h.program() // the datapath holds next, no longer web
 	eventually(t, "web released", func() (bool, string) { _, ok := getService(t, c, ns, "web"); return !ok, "still there" })
+	createService(t, c, ns, "after")
+	h.waitFor("after on the freed 192.0.2.1", func(svcs []lb.Service) bool {
+		s, ok := discoverytest.Find(svcs, "basic.after.80-tcp")
+		return ok && s.Frontend.Addr.String() == "192.0.2.1"
+	})
 }
 
 func testRestartReassignsNothing(t *testing.T, c *kubetest.Cluster, kc string) {
@@ -452,7 +442,7 @@ func testExcludeLabel(t *testing.T, c *kubetest.Cluster, kc string) {
 	backends := func(want string) {
 		t.Helper()
 		h.waitFor("backends "+want, func(svcs []lb.Service) bool {
-			s, ok := find(svcs, "exclude.web.80-tcp")
+			s, ok := discoverytest.Find(svcs, "exclude.web.80-tcp")
 			return ok && addrs(s.Backends, lb.Active) == want
 		})
 	}
@@ -463,8 +453,8 @@ func testExcludeLabel(t *testing.T, c *kubetest.Cluster, kc string) {
 	}
 	backends("10.3.0.1")
 	svcs, _ := h.snapshot()
-	if s, _ := find(svcs, "exclude.web.80-tcp"); addrs(s.Backends, lb.Draining) != "10.3.0.2" {
-		t.Errorf("the excluded node does not drain: %s", dump(svcs))
+	if s, _ := discoverytest.Find(svcs, "exclude.web.80-tcp"); addrs(s.Backends, lb.Draining) != "10.3.0.2" {
+		t.Errorf("the excluded node does not drain: %s", discoverytest.Dump(svcs))
 	}
 	n2, _ = c.Admin.CoreV1().Nodes().Get(context.Background(), "exclude-2", metav1.GetOptions{})
 	delete(n2.Labels, "node.kubernetes.io/exclude-from-external-load-balancers")
@@ -489,10 +479,10 @@ func testLocalFollowsPodMove(t *testing.T, c *kubetest.Cluster, kc string) {
 	c.SetEndpoints(ns, "web", ports, kubetest.Endpoint{Addr: netip.MustParseAddr("10.244.1.5"), Node: "local-1", Ready: true, Serving: true})
 	h := runSource(t, sourceConfig(kc, "local", sel), "local-box", ns)
 	svcs := h.waitFor("local-1 active", func(svcs []lb.Service) bool {
-		s, ok := find(svcs, "local.web.80-tcp")
+		s, ok := discoverytest.Find(svcs, "local.web.80-tcp")
 		return ok && addrs(s.Backends, lb.Active) == "10.4.0.1" && addrs(s.Backends, lb.Draining) == "10.4.0.2"
 	})
-	s, _ := find(svcs, "local.web.80-tcp")
+	s, _ := discoverytest.Find(svcs, "local.web.80-tcp")
 	if s.Health.Type != lb.HealthHTTP || s.Health.Port != uint16(svc.Spec.HealthCheckNodePort) || s.Health.Path != "/healthz" {
 		t.Errorf("health %+v, want HTTP /healthz on healthCheckNodePort %d", s.Health, svc.Spec.HealthCheckNodePort)
 	}
@@ -501,7 +491,7 @@ func testLocalFollowsPodMove(t *testing.T, c *kubetest.Cluster, kc string) {
 		kubetest.Endpoint{Addr: netip.MustParseAddr("10.244.1.5"), Node: "local-1", Serving: true, Terminating: true},
 		kubetest.Endpoint{Addr: netip.MustParseAddr("10.244.2.9"), Node: "local-2", Ready: true, Serving: true})
 	h.waitFor("local-2 active, local-1 draining", func(svcs []lb.Service) bool {
-		s, ok := find(svcs, "local.web.80-tcp")
+		s, ok := discoverytest.Find(svcs, "local.web.80-tcp")
 		return ok && addrs(s.Backends, lb.Active) == "10.4.0.2" && addrs(s.Backends, lb.Draining) == "10.4.0.1"
 	})
 }
@@ -513,8 +503,8 @@ func testInvalidAnnotation(t *testing.T, c *kubetest.Cluster, kc string) {
 	createService(t, c, ns, "bad", func(s *corev1.Service) { s.Annotations[kubernetes.AnnotationMode] = "turbo" })
 	createService(t, c, ns, "good")
 	h := runSource(t, sourceConfig(kc, "invalid", sel), "invalid-box", ns)
-	svcs := h.waitFor("good", func(svcs []lb.Service) bool { _, ok := find(svcs, "invalid.good.80-tcp"); return ok })
-	if _, ok := find(svcs, "invalid.bad.80-tcp"); ok {
+	svcs := h.waitFor("good", func(svcs []lb.Service) bool { _, ok := discoverytest.Find(svcs, "invalid.good.80-tcp"); return ok })
+	if _, ok := discoverytest.Find(svcs, "invalid.bad.80-tcp"); ok {
 		t.Fatal("the Service with an invalid annotation was published")
 	}
 	h.program()
@@ -535,7 +525,7 @@ func testInvalidAnnotation(t *testing.T, c *kubetest.Cluster, kc string) {
 	}
 	// Fixed, it is served with the address it was given.
 	update(t, c, ns, "bad", func(s *corev1.Service) { s.Annotations[kubernetes.AnnotationMode] = "snat" })
-	h.waitFor("bad fixed", func(svcs []lb.Service) bool { _, ok := find(svcs, "invalid.bad.80-tcp"); return ok })
+	h.waitFor("bad fixed", func(svcs []lb.Service) bool { _, ok := discoverytest.Find(svcs, "invalid.bad.80-tcp"); return ok })
 }
 
 func testOneWriter(t *testing.T, c *kubetest.Cluster, kc string) {
@@ -552,8 +542,8 @@ func testOneWriter(t *testing.T, c *kubetest.Cluster, kc string) {
 		snaps[i] = h.waitFor("three services", func(svcs []lb.Service) bool { return len(svcs) == 3 })
 		h.program()
 	}
-	if dump(snaps[0]) != dump(snaps[1]) {
-		t.Errorf("the boxes disagree:\n%s\nvs\n%s", dump(snaps[0]), dump(snaps[1]))
+	if discoverytest.Dump(snaps[0]) != discoverytest.Dump(snaps[1]) {
+		t.Errorf("the boxes disagree:\n%s\nvs\n%s", discoverytest.Dump(snaps[0]), discoverytest.Dump(snaps[1]))
 	}
 	leaders := func() []int {
 		var out []int
@@ -613,10 +603,17 @@ func testFailStatic(t *testing.T, c *kubetest.Cluster, kc string) {
 	if st := h.src.Status(); !st.Healthy {
 		t.Fatalf("status before the outage: %+v", st)
 	}
-	_, count := h.snapshot()
+	// Changes the source cannot see while its apiserver is down are made
+	// through a second apiserver on the same etcd, as in a cluster with
+	// several: they must arrive with the resync.
+	second := c.SecondAPIServer()
+	class := "l4lb.io/l4lb"
+	ctx := context.Background()
 
-	var failTimes []time.Duration
-	for round := range 3 {
+	var failTimes, readyTimes, healthyTimes, diffTimes []time.Duration
+	const rounds = 3
+	for round := range rounds {
+		_, count := h.snapshot()
 		start := time.Now()
 		c.KillAPIServer()
 		for h.src.Status().Healthy {
@@ -626,21 +623,53 @@ func testFailStatic(t *testing.T, c *kubetest.Cluster, kc string) {
 			time.Sleep(10 * time.Millisecond)
 		}
 		failTimes = append(failTimes, time.Since(start))
+
+		during := fmt.Sprintf("during-%d", round)
+		if _, err := second.Admin.CoreV1().Services(ns).Create(ctx, &corev1.Service{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: during},
+			Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, LoadBalancerClass: &class,
+				Ports: []corev1.ServicePort{{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP}}},
+		}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if round == rounds-1 {
+			if err := second.Admin.CoreV1().Services(ns).Delete(ctx, "web", metav1.DeleteOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
 		time.Sleep(2 * time.Second)
 		st := h.src.Status()
 		if st.Healthy || st.Error == "" || st.Staleness(time.Now()) < time.Second {
 			t.Errorf("round %d: status during the outage %+v: want unhealthy, an error, growing staleness", round, st)
 		}
-		if svcs, n := h.snapshot(); n != count || dump(svcs) != dump(before) {
-			t.Fatalf("round %d: the source published during the outage (fail static means it keeps the last snapshot):\n%s", round, dump(svcs))
+		if svcs, n := h.snapshot(); n != count || discoverytest.Dump(svcs) != discoverytest.Dump(before) {
+			t.Fatalf("round %d: the source published during the outage (fail static means it keeps the last snapshot):\n%s", round, discoverytest.Dump(svcs))
 		}
-		c.StartAPIServer()
-		eventually(t, "healthy again", func() (bool, string) { st := h.src.Status(); return st.Healthy, st.Error })
-	}
-	slices.Sort(failTimes)
-	t.Logf("time from apiserver killed to the source failing static (status stale): %v (median of %d), all %v", failTimes[len(failTimes)/2], len(failTimes), failTimes)
 
-	// After the relist, changes flow again.
+		back := time.Now()
+		c.StartAPIServer()
+		readyTimes = append(readyTimes, time.Since(back))
+		for !h.src.Status().Healthy {
+			if time.Since(back) > waitTimeout {
+				t.Fatalf("round %d: not healthy a minute after the apiserver came back: %+v", round, h.src.Status())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		healthyTimes = append(healthyTimes, time.Since(back))
+		before = h.waitFor(during+" after the resync", func(svcs []lb.Service) bool {
+			_, ok := discoverytest.Find(svcs, "outage."+during+".80-tcp")
+			_, web := discoverytest.Find(svcs, "outage.web.80-tcp")
+			return ok && web == (round < rounds-1)
+		})
+		diffTimes = append(diffTimes, time.Since(back))
+	}
+	median := func(ds []time.Duration) time.Duration { slices.Sort(ds); return ds[len(ds)/2].Round(time.Millisecond) }
+	t.Logf("over %d outages: apiserver killed -> source failing static (stale in status): median %v, all %v", rounds, median(failTimes), failTimes)
+	t.Logf("  apiserver started again -> its /readyz answers 200:           median %v, all %v", median(readyTimes), readyTimes)
+	t.Logf("  apiserver started again -> source resynced (healthy):         median %v, all %v", median(healthyTimes), healthyTimes)
+	t.Logf("  apiserver started again -> the outage's changes published:    median %v, all %v", median(diffTimes), diffTimes)
+
+	// After the resync, changes flow again.
 	createService(t, c, ns, "after")
-	h.waitFor("the Service created after the outage", func(svcs []lb.Service) bool { return len(svcs) == 2 })
+	h.waitFor("the Service created after the outage", func(svcs []lb.Service) bool { return len(svcs) == rounds+1 })
 }

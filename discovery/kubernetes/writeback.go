@@ -64,7 +64,7 @@ func (s *Source) writer(ctx context.Context) {
 				return
 			case <-s.write:
 			}
-			if !s.synced2() {
+			if !s.ready() {
 				continue
 			}
 			if retry := s.writeAll(lctx, rec); retry {
@@ -113,7 +113,8 @@ func (s *Source) writer(ctx context.Context) {
 	}
 }
 
-func (s *Source) synced2() bool {
+// ready: the first full list is in and translated, so status can follow.
+func (s *Source) ready() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.synced && s.result != nil
@@ -128,7 +129,7 @@ func (s *Source) writeAll(ctx context.Context, rec record.EventRecorder) (retry 
 	programmed := s.programmed
 	frontends := maps.Clone(s.frontends)
 	s.mu.Unlock()
-	all, _ := s.services.List(labels.Everything())
+	all, _ := s.current().services.List(labels.Everything())
 	t := translator{cfg: s.cfg}
 	for _, svc := range all {
 		if ctx.Err() != nil {
@@ -223,8 +224,9 @@ func (s *Source) writeStatus(ctx context.Context, rec record.EventRecorder, svc 
 		return false
 	}
 	if old == nil || old.Reason != cond.Reason || (cond.Reason == ReasonInvalidConfig && old.Message != cond.Message) {
+		// Pending is the normal step before Programmed, not a warning.
 		typ := corev1.EventTypeWarning
-		if cond.Status == metav1.ConditionTrue {
+		if cond.Status == metav1.ConditionTrue || cond.Reason == ReasonPending {
 			typ = corev1.EventTypeNormal
 		}
 		rec.Event(svc, typ, cond.Reason, cond.Message)

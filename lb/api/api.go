@@ -54,6 +54,9 @@ type SourceStatus struct {
 	Error string `json:"error,omitempty"`
 	// Errors are the definitions it left out, each naming its origin.
 	Errors []string `json:"errors,omitempty"`
+	// StatusWriter (Kubernetes) is true while this box holds the Lease
+	// and so is the one that writes Service status and Events.
+	StatusWriter bool `json:"status_writer,omitempty"`
 }
 
 // Reload is the outcome of the latest configuration (re)load.

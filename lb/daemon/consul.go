@@ -3,17 +3,14 @@
 package daemon
 
 import (
-	"context"
 	"crypto/sha256"
 	"errors"
 	"os"
 	"reflect"
-	"time"
 
 	"github.com/l4lb/l4lb/discovery/consul"
 	"github.com/l4lb/l4lb/discovery/kubernetes"
 	"github.com/l4lb/l4lb/lb"
-	"github.com/l4lb/l4lb/lb/api"
 	"github.com/l4lb/l4lb/lb/config"
 )
 
@@ -22,12 +19,6 @@ const (
 	consulSource     = consul.SourceName
 	kubernetesSource = kubernetes.SourceName
 )
-
-// consulStartWait is how long a start waits for Consul's first snapshot
-// before programming the datapath. After a restart the pinned maps still
-// hold Consul's services; programming without them would withdraw them
-// until Consul answers.
-var consulStartWait = 10 * time.Second
 
 // consulRun is one running Consul source and what it was started with.
 type consulRun struct {
@@ -38,70 +29,42 @@ type consulRun struct {
 	*runner
 }
 
-// startConsul starts the Consul source when [discovery.consul] is set and
-// waits up to consulStartWait for its first snapshot, which it hands to the
-// merger. It runs on the control goroutine before the first apply. stop
-// ends whichever source is running when the daemon stops.
-func (d *Daemon) startConsul(ctx context.Context) (stop func(), err error) {
-	d.consulCtx = ctx
-	stop = func() {
-		if r := d.consulRun.Load(); r != nil {
-			r.stop()
-		}
-	}
-	if d.cfg.Consul == nil {
-		return stop, nil
-	}
-	r, err := d.newConsul(d.cfg)
-	if err != nil {
-		return nil, err
-	}
-	r.run(r.src)
-	if snap, ok := r.first(ctx, consulStartWait); ok {
-		d.merger.Update(snap)
-		d.sourceAnswered(snap.Source)
-		d.log.Info("Consul services read", "services", len(snap.Services))
-	} else if ctx.Err() == nil {
-		d.log.Warn("Consul has not answered yet; starting without its services, they follow as soon as it does", "address", d.cfg.Consul.Address, "waited", consulStartWait)
-	}
-	r.forward(d.snaps)
-	d.consulRun.Store(r)
-	return stop, nil
-}
-
-// reloadConsul restarts the source when its settings, the service
-// defaults it validates against, or its token changed, and stops it when
-// [discovery.consul] is gone. The old source's services keep serving until
-// the new source's first snapshot replaces them. An error (an unreadable
-// token file) leaves the running source alone.
-func (d *Daemon) reloadConsul(cfg *config.Config) error {
+// reloadConsul prepares what a reload does to the Consul source: start a
+// new one when its settings, the service defaults it validates against,
+// or its token changed; stop it when [discovery.consul] is gone. Nothing
+// changes until commit is called. The old source's services keep serving
+// until the new source's first snapshot replaces them. An error (an
+// unreadable token file) leaves the running source alone.
+func (d *Daemon) reloadConsul(cfg *config.Config) (commit func(), err error) {
 	cur := d.consulRun.Load()
 	if cfg.Consul == nil {
 		if cur == nil {
-			return nil
+			return func() {}, nil
 		}
-		cur.stop()
-		d.consulRun.Store(nil)
-		d.dropSnapshots(consul.SourceName)
-		d.merger.Remove(consul.SourceName)
-		d.log.Info("Consul source turned off")
-		return nil
+		return func() {
+			cur.stop()
+			d.consulRun.Store(nil)
+			d.dropSnapshots(consul.SourceName)
+			d.merger.Remove(consul.SourceName)
+			d.log.Info("Consul source turned off")
+		}, nil
 	}
 	if cur != nil && reflect.DeepEqual(cur.cfg, *cfg.Consul) && cur.defs == cfg.Defaults() && cur.token == tokenHash(cfg.Consul.TokenFile) {
-		return nil
+		return func() {}, nil
 	}
 	r, err := d.newConsul(cfg)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	if cur != nil {
-		cur.stop()
-		d.log.Info("Consul settings changed; watching again")
-	}
-	r.run(r.src)
-	r.forward(d.snaps)
-	d.consulRun.Store(r)
-	return nil
+	return func() {
+		if cur != nil {
+			cur.stop()
+			d.log.Info("Consul settings changed; watching again")
+		}
+		r.run(r.src)
+		r.forward(d.snaps)
+		d.consulRun.Store(r)
+	}, nil
 }
 
 func (d *Daemon) newConsul(cfg *config.Config) (*consulRun, error) {
@@ -114,7 +77,7 @@ func (d *Daemon) newConsul(cfg *config.Config) (*consulRun, error) {
 		cfg:    *cfg.Consul,
 		defs:   cfg.Defaults(),
 		token:  tokenHash(cfg.Consul.TokenFile),
-		runner: newRunner(d.consulCtx),
+		runner: newRunner(d.sourceCtx),
 	}, nil
 }
 
@@ -133,21 +96,4 @@ func (d *Daemon) healthy() error {
 		return errors.New("reconcile failed: " + v.recErr)
 	}
 	return nil
-}
-
-// consulStatus is the Consul source's entry of discoveryStatus.
-func (d *Daemon) consulStatus(now time.Time) []api.SourceStatus {
-	r := d.consulRun.Load()
-	if r == nil {
-		return nil
-	}
-	st := r.src.Status()
-	return []api.SourceStatus{{
-		Name:         consul.SourceName,
-		LastSync:     st.LastSync,
-		Stale:        !st.Healthy,
-		StaleSeconds: st.Staleness(now).Seconds(),
-		Error:        st.Error,
-		Errors:       st.Errors,
-	}}
 }

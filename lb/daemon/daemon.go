@@ -75,12 +75,11 @@ type Daemon struct {
 	pending map[string]bool
 	metrics *metrics.Recorder
 
-	// The Consul source, when configured (consul.go).
+	// The Consul and Kubernetes sources, when configured (consul.go,
+	// kubernetes.go), and the context they run in (sources.go).
 	consulRun atomic.Pointer[consulRun]
-	consulCtx context.Context // control loop only
-	// The Kubernetes source, when configured (kubernetes.go).
-	kubeRun atomic.Pointer[kubeRun]
-	kubeCtx context.Context // control loop only
+	kubeRun   atomic.Pointer[kubeRun]
+	sourceCtx context.Context // control loop only
 
 	mu         sync.Mutex
 	lastReload api.Reload
@@ -215,16 +214,11 @@ func (d *Daemon) Run(ctx context.Context) error {
 	d.health = health.New(health.Options{Log: d.log})
 	defer d.health.Stop()
 
-	stopConsul, err := d.startConsul(ctx)
+	stopSources, err := d.startSources(ctx)
 	if err != nil {
 		return err
 	}
-	defer stopConsul()
-	stopKubernetes, err := d.startKubernetes(ctx)
-	if err != nil {
-		return err
-	}
-	defer stopKubernetes()
+	defer stopSources()
 
 	// Program the configuration before attaching, so the first packet the
 	// program sees already finds its service.
@@ -415,11 +409,17 @@ func (d *Daemon) doReload() error {
 	cfg.Daemon = d.cfg.Daemon
 	cfg.Datapath.Interfaces = d.cfg.Datapath.Interfaces
 	cfg.Maglev.Seed = d.cfg.Maglev.Seed
-	if err := d.reloadConsul(cfg); err != nil {
-		d.log.Error("configuration rejected; the previous one keeps serving", "file", d.opts.ConfigPath, "error", err)
-		return err
+	// Both sources are prepared before either is swapped, so that a
+	// rejected reload changes neither.
+	commitConsul, err := d.reloadConsul(cfg)
+	if err == nil {
+		var commitKubernetes func()
+		if commitKubernetes, err = d.reloadKubernetes(cfg); err == nil {
+			commitConsul()
+			commitKubernetes()
+		}
 	}
-	if err := d.reloadKubernetes(cfg); err != nil {
+	if err != nil {
 		d.log.Error("configuration rejected; the previous one keeps serving", "file", d.opts.ConfigPath, "error", err)
 		return err
 	}

@@ -11,6 +11,67 @@ import (
 	"github.com/l4lb/l4lb/lb/api"
 )
 
+// sourceStartWait is how long a start waits, for all sources together, for
+// the first snapshot of each source that watches something outside l4lbd,
+// before programming the datapath: after a restart the pinned maps still
+// hold their services, and programming without them would withdraw them
+// until the source answers.
+var sourceStartWait = 10 * time.Second
+
+// startSources starts the Consul and Kubernetes sources that are
+// configured, waits up to sourceStartWait for their first snapshots, which
+// it hands to the merger, and then forwards the rest to the control loop.
+// It runs on the control goroutine before the first apply. stop ends
+// whichever sources are running when the daemon stops.
+func (d *Daemon) startSources(ctx context.Context) (stop func(), err error) {
+	d.sourceCtx = ctx
+	stop = func() {
+		if r := d.consulRun.Load(); r != nil {
+			r.stop()
+		}
+		if r := d.kubeRun.Load(); r != nil {
+			r.stop()
+		}
+	}
+	type started struct {
+		r     *runner
+		name  string
+		attrs []any
+	}
+	var wait []started
+	if d.cfg.Consul != nil {
+		r, err := d.newConsul(d.cfg)
+		if err != nil {
+			return nil, err
+		}
+		r.run(r.src)
+		d.consulRun.Store(r)
+		wait = append(wait, started{r.runner, "Consul", []any{"address", d.cfg.Consul.Address}})
+	}
+	if d.cfg.Kubernetes != nil {
+		r, err := d.newKubernetes(d.cfg)
+		if err != nil {
+			stop()
+			return nil, err
+		}
+		r.run(r.src)
+		d.kubeRun.Store(r)
+		wait = append(wait, started{r.runner, "Kubernetes", []any{"kubeconfig", d.cfg.Kubernetes.Kubeconfig}})
+	}
+	deadline := time.Now().Add(sourceStartWait)
+	for _, w := range wait {
+		if snap, ok := w.r.first(ctx, time.Until(deadline)); ok {
+			d.merger.Update(snap)
+			d.sourceAnswered(snap.Source)
+			d.log.Info(w.name+" services read", "services", len(snap.Services))
+		} else if ctx.Err() == nil {
+			d.log.Warn(w.name+" has not answered yet; starting without its services, they follow as soon as it does", append(w.attrs, "waited", sourceStartWait)...)
+		}
+		w.r.forward(d.snaps)
+	}
+	return stop, nil
+}
+
 // runner runs one discovery source that watches something outside l4lbd
 // (Consul, Kubernetes) and forwards its snapshots to the control loop.
 type runner struct {
@@ -92,5 +153,25 @@ func (d *Daemon) dropSnapshots(source string) {
 // discoveryStatus reports the sources that can go stale.
 func (d *Daemon) discoveryStatus() []api.SourceStatus {
 	now := time.Now()
-	return append(d.consulStatus(now), d.kubernetesStatus(now)...)
+	entry := func(name string, st discovery.Status) api.SourceStatus {
+		return api.SourceStatus{
+			Name:         name,
+			LastSync:     st.LastSync,
+			Stale:        !st.Healthy,
+			StaleSeconds: st.Staleness(now).Seconds(),
+			Error:        st.Error,
+			Errors:       st.Errors,
+		}
+	}
+	var out []api.SourceStatus
+	if r := d.consulRun.Load(); r != nil {
+		out = append(out, entry(consulSource, r.src.Status()))
+	}
+	if r := d.kubeRun.Load(); r != nil {
+		st := r.src.Status()
+		e := entry(kubernetesSource, st.Status)
+		e.StatusWriter = st.Leader
+		out = append(out, e)
+	}
+	return out
 }

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -25,8 +26,12 @@ import (
 	"github.com/l4lb/l4lb/tests/topo"
 )
 
-// vip4b is the second address of the Kubernetes test's pool.
-var vip4b = netip.MustParseAddr("10.200.0.11")
+// The second address of the Kubernetes test's pool, and the one of its
+// named pool "pods".
+var (
+	vip4b    = netip.MustParseAddr("10.200.0.11")
+	vip4pods = netip.MustParseAddr("10.200.0.12")
+)
 
 func kubernetesConfig(kubeconfig string) string {
 	return fmt.Sprintf(`
@@ -48,6 +53,9 @@ table_size = 251
 [discovery.kubernetes]
 kubeconfig = %q
 pools      = ["10.200.0.10/31"]
+
+[discovery.kubernetes.named_pools]
+pods = ["10.200.0.12/32"]
 
 [discovery.kubernetes.health]
 interval = "200ms"
@@ -200,7 +208,7 @@ func TestKubernetes(t *testing.T) {
 	for _, be := range tp.Backends {
 		be.Serve(netip.AddrPortFrom(be.Addr4, uint16(nodePort)))
 	}
-	tp.RouteVIPs(lbHost, vip4, vip4b)
+	tp.RouteVIPs(lbHost, vip4, vip4b, vip4pods)
 	dst := netip.AddrPortFrom(vip4, 80)
 	const name = "e2e.web.80-tcp"
 
@@ -262,6 +270,41 @@ func TestKubernetes(t *testing.T) {
 		})
 	})
 
+	// eTP=Local: a /healthz server per node on the healthCheckNodePort
+	// (started by LocalFollowsPodMove, kept to the end), and the Service's
+	// one pod, moved between the nodes through the apiserver via.
+	top := t
+	hz := map[string]*healthz{}
+	movePod := func(via *kubetest.Cluster, to string) {
+		hz["be1"].local.Store(to == "be1")
+		hz["be2"].local.Store(to == "be2")
+		via.SetEndpoints("e2e", "web", map[string]int32{"http": 8080},
+			kubetest.Endpoint{Addr: netip.MustParseAddr("10.244." + strings.TrimPrefix(to, "be") + ".5"), Node: to, Ready: true, Serving: true})
+	}
+	// onlyOn: the pod's node is active and healthy, the other drains.
+	onlyOn := func(to string) func([]api.Service, api.Status) bool {
+		other := map[string]string{"be1": "10.100.0.22", "be2": "10.100.0.21"}[to]
+		here := nodes[to].Addr4.String()
+		return func(svcs []api.Service, _ api.Status) bool {
+			for _, sv := range svcs {
+				if sv.Name != name {
+					continue
+				}
+				ok := true
+				for _, b := range sv.Backends {
+					switch {
+					case strings.HasPrefix(b.Address, here+":"):
+						ok = ok && b.State == "active" && b.Health == "healthy"
+					case strings.HasPrefix(b.Address, other+":"):
+						ok = ok && b.State == "draining"
+					}
+				}
+				return ok
+			}
+			return false
+		}
+	}
+
 	t.Run("LocalFollowsPodMove", func(t *testing.T) {
 		var s *corev1.Service
 		for range 10 {
@@ -277,38 +320,12 @@ func TestKubernetes(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		hz := map[string]*healthz{}
 		for n, h := range nodes {
-			hz[n] = serveHealthz(t, h, s.Spec.HealthCheckNodePort)
-		}
-		ports := map[string]int32{"http": 8080}
-		movePod := func(to string) {
-			hz["be1"].local.Store(to == "be1")
-			hz["be2"].local.Store(to == "be2")
-			c.SetEndpoints("e2e", "web", ports, kubetest.Endpoint{Addr: netip.MustParseAddr("10.244." + strings.TrimPrefix(to, "be") + ".5"), Node: to, Ready: true, Serving: true})
+			hz[n] = serveHealthz(top, h, s.Spec.HealthCheckNodePort)
 		}
 		for _, to := range []string{"be1", "be2", "be1"} {
-			movePod(to)
-			other := map[string]string{"be1": "10.100.0.22", "be2": "10.100.0.21"}[to]
-			here := nodes[to].Addr4.String()
-			waitAPI(t, d, "the pod on "+to, func(svcs []api.Service, _ api.Status) bool {
-				for _, sv := range svcs {
-					if sv.Name != name {
-						continue
-					}
-					ok := true
-					for _, b := range sv.Backends {
-						switch {
-						case strings.HasPrefix(b.Address, here+":"):
-							ok = ok && b.State == "active" && b.Health == "healthy"
-						case strings.HasPrefix(b.Address, other+":"):
-							ok = ok && b.State == "draining"
-						}
-					}
-					return ok
-				}
-				return false
-			})
+			movePod(c, to)
+			waitAPI(t, d, "the pod on "+to, onlyOn(to))
 			if got := spread(t, tp, dst, 16); got != to {
 				t.Errorf("eTP=Local with the pod on %s: new connections reached %q", to, got)
 			}
@@ -330,6 +347,80 @@ func TestKubernetes(t *testing.T) {
 		}
 	})
 
+	// Pod backends: the backend hosts play pods of a routable pod network,
+	// serving 8080; the EndpointSlice flips them between ready, serving
+	// but terminating, and gone. Then the Service is deleted: l4lbd drops
+	// it from its datapath, and only then releases it in the apiserver.
+	t.Run("PodBackendsAndDelete", func(t *testing.T) {
+		for _, be := range tp.Backends {
+			be.Serve(netip.AddrPortFrom(be.Addr4, 8080))
+		}
+		if _, err := c.Admin.CoreV1().Services("e2e").Create(ctx, &corev1.Service{
+			ObjectMeta: metav1.ObjectMeta{Name: "pods", Annotations: map[string]string{
+				kubernetes.AnnotationBackends: "pod", kubernetes.AnnotationPool: "pods"}},
+			Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, LoadBalancerClass: &class,
+				Ports: []corev1.ServicePort{{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP}}},
+		}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		const podsName = "e2e.pods.80-tcp"
+		podDst := netip.AddrPortFrom(vip4pods, 80)
+		pod := func(be string, ready, serving, terminating bool) kubetest.Endpoint {
+			return kubetest.Endpoint{Addr: nodes[be].Addr4, Node: be, Ready: ready, Serving: serving, Terminating: terminating}
+		}
+		ports := map[string]int32{"http": 8080}
+		steps := []struct {
+			what   string
+			eps    []kubetest.Endpoint
+			states string // in l4lbd
+			reach  string // of new connections
+		}{
+			{"both pods ready", []kubetest.Endpoint{pod("be1", true, true, false), pod("be2", true, true, false)},
+				"10.100.0.21:8080=active 10.100.0.22:8080=active", "be1,be2"},
+			{"be2 terminating", []kubetest.Endpoint{pod("be1", true, true, false), pod("be2", false, true, true)},
+				"10.100.0.21:8080=active 10.100.0.22:8080=draining", "be1"},
+			{"be1 gone, be2 the last one serving", []kubetest.Endpoint{pod("be2", false, true, true)},
+				"10.100.0.21:8080=draining 10.100.0.22:8080=active", "be2"},
+		}
+		for _, st := range steps {
+			c.SetEndpoints("e2e", "pods", ports, st.eps...)
+			waitAPI(t, d, st.what, func(svcs []api.Service, _ api.Status) bool {
+				if backendStates(svcs, podsName) != st.states {
+					return false
+				}
+				for _, s := range svcs {
+					if s.Name == podsName {
+						for _, b := range s.Backends {
+							if b.State == "active" && b.Health != "healthy" {
+								return false
+							}
+						}
+					}
+				}
+				return true
+			})
+			if got := spread(t, tp, podDst, 16); got != st.reach {
+				t.Errorf("%s: new connections reached %q, want %q", st.what, got, st.reach)
+			}
+		}
+
+		if err := c.Admin.CoreV1().Services("e2e").Delete(ctx, "pods", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		waitAPI(t, d, "pods out of the datapath", func(svcs []api.Service, _ api.Status) bool { return backendStates(svcs, podsName) == "<absent>" })
+		deadline := time.Now().Add(60 * time.Second)
+		for {
+			_, err := c.Admin.CoreV1().Services("e2e").Get(ctx, "pods", metav1.GetOptions{})
+			if apierrors.IsNotFound(err) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the deleted Service is still there a minute after l4lbd dropped it (%v)", err)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	})
+
 	t.Run("ApiserverOutage", func(t *testing.T) {
 		held, err := tp.Client.DialTCP(42000, dst)
 		if err != nil {
@@ -346,6 +437,24 @@ func TestKubernetes(t *testing.T) {
 		if got := spread(t, tp, dst, 8); got != "be1" {
 			t.Errorf("during the outage: new connections reached %q, want be1 as before", got)
 		}
+		// Health checks go on during the outage.
+		beHealth := func(want string) func([]api.Service, api.Status) bool {
+			return func(svcs []api.Service, st api.Status) bool {
+				stale, _ := kubeStale(st)
+				for _, sv := range svcs {
+					for _, b := range sv.Backends {
+						if sv.Name == name && strings.HasPrefix(b.Address, "10.100.0.21:") {
+							return stale && b.Health == want
+						}
+					}
+				}
+				return false
+			}
+		}
+		hz["be1"].local.Store(false)
+		waitAPI(t, d, "be1 unhealthy while the source is stale", beHealth("unhealthy"))
+		hz["be1"].local.Store(true)
+		waitAPI(t, d, "be1 healthy again while the source is stale", beHealth("healthy"))
 		// A restart during the outage keeps the adopted services in the
 		// datapath (until the source answers, as with Consul).
 		d.Restart()
@@ -353,8 +462,18 @@ func TestKubernetes(t *testing.T) {
 		if got := spread(t, tp, dst, 8); got != "be1" {
 			t.Errorf("restarted during the outage: new connections reached %q, want be1 as before", got)
 		}
+		// The pod moves during the outage, through a second apiserver
+		// l4lbd does not know: the resync brings the new EndpointSlice.
+		second := c.SecondAPIServer()
+		movePod(second, "be2")
+		back := time.Now()
 		c.StartAPIServer()
 		waitAPI(t, d, "kubernetes fresh again", func(_ []api.Service, st api.Status) bool { stale, ok := kubeStale(st); return ok && !stale })
+		waitAPI(t, d, "the pod on be2 after the resync", onlyOn("be2"))
+		t.Logf("apiserver started again -> l4lbd forwards by the EndpointSlice changed during the outage: %v", time.Since(back).Round(time.Millisecond))
+		if got := spread(t, tp, dst, 8); got != "be2" {
+			t.Errorf("after the resync: new connections reached %q, want be2, where the pod moved", got)
+		}
 		// Changes flow again after the relist: a new Service gets the
 		// pool's other address.
 		if _, err := c.Admin.CoreV1().Services("e2e").Create(ctx, &corev1.Service{
@@ -372,8 +491,8 @@ func TestKubernetes(t *testing.T) {
 			}
 			return false
 		})
-		if got := spread(t, tp, dst, 8); got != "be1" {
-			t.Errorf("after the outage: connections to web reached %q, want be1", got)
+		if got := spread(t, tp, dst, 8); got != "be2" {
+			t.Errorf("after the outage: connections to web reached %q, want be2", got)
 		}
 	})
 }

@@ -30,6 +30,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -118,7 +119,8 @@ func stripComments(data []byte) []byte {
 	return out
 }
 
-// Cluster is one etcd and one kube-apiserver.
+// Cluster is one etcd and one kube-apiserver (or, from SecondAPIServer,
+// another apiserver on the same etcd).
 type Cluster struct {
 	t   testing.TB
 	dir string
@@ -130,6 +132,7 @@ type Cluster struct {
 	bin     string
 	args    []string
 	command func(name string, args ...string) *exec.Cmd
+	log     string // the apiserver's log file in dir
 
 	mu  sync.Mutex
 	api *proc
@@ -166,7 +169,7 @@ func StartWith(t testing.TB, o Options) *Cluster {
 	if o.Command == nil {
 		o.Command = exec.Command
 	}
-	c := &Cluster{t: t, dir: dir, bin: apiserver, command: o.Command}
+	c := &Cluster{t: t, dir: dir, bin: apiserver, command: o.Command, log: "kube-apiserver.log"}
 
 	etcdPort, peerPort, apiPort := freePort(t), freePort(t), freePort(t)
 	etcdURL := "http://127.0.0.1:" + strconv.Itoa(etcdPort)
@@ -226,10 +229,30 @@ func (c *Cluster) StartAPIServer() {
 		c.mu.Unlock()
 		c.t.Fatal("kubetest: the apiserver is already running")
 	}
-	c.api = c.spawn(c.bin, "kube-apiserver.log", c.args...)
+	c.api = c.spawn(c.bin, c.log, c.args...)
 	p := c.api
 	c.mu.Unlock()
 	c.waitReady(p)
+}
+
+// SecondAPIServer starts another apiserver on the same etcd, on its own
+// port, as in a cluster with several: what a client of c cannot see while
+// c's apiserver is down (KillAPIServer) can be changed through this one.
+// It is killed when the test ends.
+func (c *Cluster) SecondAPIServer() *Cluster {
+	c.t.Helper()
+	port := freePort(c.t)
+	o := &Cluster{t: c.t, dir: c.dir, URL: "https://127.0.0.1:" + strconv.Itoa(port), bin: c.bin, command: c.command,
+		args: slices.Clone(c.args), rest: rest.CopyConfig(c.rest), log: "kube-apiserver-2.log"}
+	o.args[slices.Index(o.args, "--secure-port")+1] = strconv.Itoa(port)
+	o.rest.Host = o.URL
+	var err error
+	if o.Admin, err = kubernetes.NewForConfig(o.rest); err != nil {
+		c.t.Fatal(err)
+	}
+	o.StartAPIServer()
+	c.t.Cleanup(o.KillAPIServer)
+	return o
 }
 
 // KillAPIServer kills the apiserver with SIGKILL, as a crash or a lost
@@ -285,7 +308,7 @@ func (c *Cluster) waitReady(p *proc) {
 	for time.Now().Before(deadline) {
 		select {
 		case <-p.done:
-			c.t.Fatalf("kube-apiserver exited during start:\n%s", c.tail("kube-apiserver.log"))
+			c.t.Fatalf("kube-apiserver exited during start:\n%s", c.tail(c.log))
 		default:
 		}
 		resp, err := hc.Get(c.URL + "/readyz")
@@ -298,7 +321,7 @@ func (c *Cluster) waitReady(p *proc) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	c.t.Fatalf("kube-apiserver not ready after 3 minutes:\n%s", c.tail("kube-apiserver.log"))
+	c.t.Fatalf("kube-apiserver not ready after 3 minutes:\n%s", c.tail(c.log))
 }
 
 func (c *Cluster) tail(name string) string {
