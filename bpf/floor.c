@@ -48,3 +48,28 @@ int l4lb_floor(struct xdp_md *ctx)
 	}
 	return XDP_PASS;
 }
+
+/* The same floor at tc (tcx ingress), for the tc paths' ratios. */
+SEC("tcx/ingress")
+int l4lb_floor_tc(struct __sk_buff *skb)
+{
+	void *data, *data_end;
+	struct svc_key sk = {};
+	struct packet p;
+	__u32 zero = 0;
+	__u64 *hits;
+
+	/* As the LB program at tc: make the headers directly readable. */
+	bpf_skb_pull_data(skb, skb->len < 256 ? skb->len : 256);
+	data = (void *)(long)skb->data;
+	data_end = (void *)(long)skb->data_end;
+	if (parse_packet(data, data_end, &p) >= 0)
+		return TCX_NEXT;
+	svc_key_of(&sk, &p.key);
+	if (bpf_map_lookup_elem(&floor_services, &sk)) {
+		hits = bpf_map_lookup_elem(&floor_hits, &zero);
+		if (hits)
+			(*hits)++;
+	}
+	return TCX_NEXT;
+}

@@ -39,6 +39,7 @@ const (
 	FloorMapFloorHits     = "floor_hits"
 	FloorMapFloorServices = "floor_services"
 	FloorProgL4lbFloor    = "l4lb_floor"
+	FloorProgL4lbFloorTc  = "l4lb_floor_tc"
 )
 
 // LoadFloor returns the embedded CollectionSpec for Floor.
@@ -83,7 +84,8 @@ type FloorSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type FloorProgramSpecs struct {
-	L4lbFloor *ebpf.ProgramSpec `ebpf:"l4lb_floor"`
+	L4lbFloor   *ebpf.ProgramSpec `ebpf:"l4lb_floor"`
+	L4lbFloorTc *ebpf.ProgramSpec `ebpf:"l4lb_floor_tc"`
 }
 
 // FloorMapSpecs contains maps before they are loaded into the kernel.
@@ -141,12 +143,14 @@ type FloorVariables struct {
 //
 // It can be passed to LoadFloorObjects or ebpf.CollectionSpec.LoadAndAssign.
 type FloorPrograms struct {
-	L4lbFloor *ebpf.Program `ebpf:"l4lb_floor"`
+	L4lbFloor   *ebpf.Program `ebpf:"l4lb_floor"`
+	L4lbFloorTc *ebpf.Program `ebpf:"l4lb_floor_tc"`
 }
 
 func (p *FloorPrograms) Close() error {
 	return _FloorClose(
 		p.L4lbFloor,
+		p.L4lbFloorTc,
 	)
 }
 

@@ -19,15 +19,18 @@
 #include "include/config.h"
 #include "include/conntrack.h"
 #include "include/encap.h"
+#include "include/filter.h"
 #include "include/forward.h"
 #include "include/hook.h"
 #include "include/icmp.h"
 #include "include/ipopt.h"
 #include "include/maps.h"
+#include "include/nexthop.h"
 #include "include/parse.h"
 #include "include/snat.h"
 #include "include/srcrange.h"
 #include "include/stats.h"
+#include "include/validate.h"
 
 char __license[] SEC("license") = "Dual BSD/GPL";
 
@@ -85,7 +88,8 @@ static __always_inline int dsr_encap(const struct hook *h, const struct packet *
 	int r;
 
 	encap_source(p->family, sel->hash, src);
-	r = route_lookup(h, p->family, src, sel->be->addr, p->l3_len + hdr, segment_len(h, p, hdr), &rt);
+	r = route_to_backend(h, p->family, src, sel->backend_id, sel->be->addr, sel->hash, p->l3_len + hdr,
+			  segment_len(h, p, hdr), &rt);
 	if (r == L4LB_R_DROP_FRAG_NEEDED)
 		return frag_needed(h, rt.mtu, hdr, tb, reason);
 	if (r >= 0)
@@ -114,7 +118,11 @@ static __always_inline int dsr_opt(const struct hook *h, const struct packet *p,
 	r = opt_room(h, p, len);
 	if (r >= 0)
 		goto drop;
-	r = route_lookup(h, p->family, p->key.src, sel->be->addr, p->l3_len + len, segment_len(h, p, len), &rt);
+	r = trim_to_l3(h, p);
+	if (r >= 0)
+		goto drop;
+	r = route_to_backend(h, p->family, p->key.src, sel->backend_id, sel->be->addr, sel->hash, p->l3_len + len,
+			  segment_len(h, p, len), &rt);
 	if (r == L4LB_R_DROP_FRAG_NEEDED)
 		return frag_needed(h, rt.mtu, len, tb, reason);
 	if (r >= 0)
@@ -128,15 +136,16 @@ drop:
 	return hook_drop(h);
 }
 
-/* Dispatch a DSR packet to sel's backend the way the service says; tb is
- * filled when the packet is too big (reason drop_frag_needed). */
-static __always_inline int dsr_dispatch(const struct hook *h, const struct svc_value *svc,
+/* Dispatch a DSR packet to sel's backend the way the service says
+ * (enum l4lb_dispatch); tb is filled when the packet is too big (reason
+ * drop_frag_needed). */
+static __always_inline int dsr_dispatch(const struct hook *h, __u32 dispatch,
 					const struct packet *p, const struct selection *sel,
 					struct too_big *tb, int *reason)
 {
-	if (svc->dispatch == L4LB_DISPATCH_GENEVE)
+	if (dispatch == L4LB_DISPATCH_GENEVE)
 		return dsr_encap(h, p, tb, sel, reason, 1);
-	if (svc->dispatch == L4LB_DISPATCH_OPT)
+	if (dispatch == L4LB_DISPATCH_OPT)
 		return dsr_opt(h, p, tb, sel, reason);
 	return dsr_encap(h, p, tb, sel, reason, 0);
 }
@@ -158,12 +167,15 @@ static __always_inline int icmp_to_dsr_backend(const struct hook *h, const struc
 	struct route rt;
 	int r;
 
-	r = select_backend(p, svc, &sel, 0);
+	r = select_backend(p, svc, &sel, 0, bpf_map_lookup_elem(&conntrack, &p->key));
 	if (r >= 0)
 		goto drop;
 	if (svc->dispatch != L4LB_DISPATCH_OPT)
-		return dsr_dispatch(h, svc, p, &sel, &tb, reason);
-	r = route_lookup(h, p->family, p->key.dst, sel.be->addr, p->l3_len, p->l3_len, &rt);
+		return dsr_dispatch(h, svc->dispatch, p, &sel, &tb, reason);
+	r = route_to_backend(h, p->family, p->key.dst, sel.backend_id, sel.be->addr, sel.hash, p->l3_len, p->l3_len, &rt);
+	if (r >= 0)
+		goto drop;
+	r = trim_to_l3(h, p);
 	if (r >= 0)
 		goto drop;
 	r = icmp_rewrite(h, p, q, NULL, sel.be->addr, sel.be->addr, sel.be->port, NULL, q->key.dport, 0);
@@ -193,6 +205,9 @@ static __always_inline int icmp_snat_send(const struct hook *h, const struct pac
 	r = route_lookup(h, p->family, src, dst, p->l3_len, p->l3_len, &rt);
 	if (r >= 0)
 		goto drop;
+	r = trim_to_l3(h, p);
+	if (r >= 0)
+		goto drop;
 	r = icmp_rewrite(h, p, q, src, dst, dst, dport, src, sport, 1);
 	if (r >= 0)
 		goto drop;
@@ -217,6 +232,8 @@ static __always_inline int icmp_to_snat_backend(const struct hook *h, const stru
 
 	s = bpf_map_lookup_elem(&snat_scratch, &zero);
 	fwd = bpf_map_lookup_elem(&snat_fwd, &p->key);
+	if (!fwd)
+		fwd = bpf_map_lookup_elem(&snat_fwd_ovf, &p->key);
 	if (!s || !fwd) {
 		*reason = L4LB_R_PASS_NOT_SERVICE;
 		return hook_pass(h);
@@ -244,6 +261,8 @@ static __always_inline int icmp_to_snat_client(const struct hook *h, const struc
 		goto pass;
 	snat_reply_key(&s->rk, p);
 	rv = bpf_map_lookup_elem(&snat_rev, &s->rk);
+	if (!rv)
+		rv = bpf_map_lookup_elem(&snat_rev_ovf, &s->rk);
 	if (!rv)
 		goto pass;
 	s->rv = *rv;
@@ -274,6 +293,17 @@ static __always_inline int icmp_error(const struct hook *h, struct packet *p)
 	r = icmp_parse(h, p, &q);
 	if (r >= 0)
 		goto pass;
+	/* Only well-formed errors go on: lb_process checked the outer
+	 * headers (validate.h); the ICMP checksum covers the message. */
+	if (!h->xdp) {
+		struct __sk_buff *skb = hook_skb(h);
+
+		bpf_skb_pull_data(skb, skb->len);
+	}
+	if (!icmp_csum_ok(h, p)) {
+		r = L4LB_R_PASS_ICMP_CSUM;
+		goto pass;
+	}
 	if (p->vlan) {
 		r = L4LB_R_PASS_VLAN;
 		goto pass;
@@ -332,15 +362,49 @@ struct icmp_todo {
 	__u32 pad;
 };
 
+__noinline int l4lb_validate_xdp(struct xdp_md *ctx, const struct packet *p, __u32 slow);
+__noinline int l4lb_validate_tc(struct __sk_buff *ctx, const struct packet *p, __u32 slow);
+
+/* May p be forwarded (validate.h)? -1, or the reason it may not. */
+static __always_inline int validate(const struct hook *h, const struct packet *p)
+{
+	int slow, r = validate_fast(h, p, &slow);
+
+	if (r >= 0 || !slow)
+		return r;
+	if (h->xdp)
+		return l4lb_validate_xdp(h->ctx, p, slow);
+	return l4lb_validate_tc(h->ctx, p, slow);
+}
+
+/* A TCP/UDP packet to no frontend: maybe a backend's reply to a SNAT flow. */
+static __always_inline int not_frontend(const struct hook *h, const struct packet *p)
+{
+	int r;
+
+	if (snat_is_ours(p)) {
+		r = validate(h, p);
+		if (r >= 0) {
+			count_reason(r, p->l3_len);
+			return hook_pass(h);
+		}
+		return snat_reply(h, p, segment_len(h, p, 0));
+	}
+	count_reason(L4LB_R_PASS_NOT_SERVICE, p->l3_len);
+	return hook_pass(h);
+}
+
 static __always_inline int lb_process(const struct hook *h, struct icmp_todo *todo)
 {
 	struct packet *p = &todo->p;
 	struct svc_key sk = {};
 	struct selection sel;
 	struct svc_value *svc;
+	struct ct_value *ct;
 	struct too_big tb = {};
 	void *data, *data_end;
 	int reason = -1, verdict, r;
+	__u32 svc_id, mode, dispatch, word;
 
 	hook_pull(h, PARSE_PULL);
 	data = hook_data(h);
@@ -351,22 +415,55 @@ static __always_inline int lb_process(const struct hook *h, struct icmp_todo *to
 	if (r >= 0) {
 		if (unlikely(r == L4LB_R_PASS_NOT_SERVICE &&
 			     (p->key.proto == IPPROTO_ICMP || p->key.proto == IPPROTO_ICMPV6))) {
+			/* An error is only passed on with well-formed outer
+			 * headers; icmp_error checks the rest. */
+			r = validate(h, p);
+			if (r >= 0) {
+				count_reason(r, p->l3_len);
+				return hook_pass(h);
+			}
 			todo->kind = ICMP_TODO_ERROR;
 			return hook_pass(h);
 		}
 		count_reason(r, data_end - data);
 		return hook_pass(h);
 	}
+	if (!vip_maybe(&p->key))
+		return not_frontend(h, p);
+	r = validate(h, p);
+	if (r >= 0) {
+		count_reason(r, p->l3_len);
+		return hook_pass(h);
+	}
+
+	/*
+	 * The established fast path: a flow the connection table knows,
+	 * whose service has not changed since (ct_established), is forwarded
+	 * by its entry alone. Anything else takes the full path below.
+	 */
+	ct = bpf_map_lookup_elem(&conntrack, &p->key);
+	if (ct && !p->vlan) {
+		sel.be = ct_established(ct, &word);
+		if (sel.be) {
+			mode = L4LB_WORD_MODE(word);
+			dispatch = L4LB_WORD_DISPATCH(word);
+			svc_id = ct->svc_id;
+			if (mode == L4LB_MODE_SNAT && snat_ttl_expired(h, p)) {
+				count_reason(L4LB_R_PASS_TTL_EXCEEDED, p->l3_len);
+				return hook_pass(h);
+			}
+			ct_touch(ct, bpf_ktime_get_coarse_ns());
+			sel.backend_id = ct->backend_id;
+			sel.hash = ct->hash;
+			sel.new_flow = 0;
+			goto forward;
+		}
+	}
 
 	svc_key_of(&sk, &p->key);
 	svc = bpf_map_lookup_elem(&services, &sk);
-	if (!svc) {
-		/* Maybe a backend's reply to a SNAT flow. */
-		if (snat_is_ours(p))
-			return snat_reply(h, p, segment_len(h, p, 0));
-		count_reason(L4LB_R_PASS_NOT_SERVICE, p->l3_len);
-		return hook_pass(h);
-	}
+	if (!svc)
+		return not_frontend(h, p);
 	if ((svc->flags & L4LB_SVC_SOURCE_RANGES) && !source_allowed(svc->id, p->key.src)) {
 		count_reason(L4LB_R_DROP_SOURCE_RANGE, p->l3_len);
 		return hook_drop(h);
@@ -384,15 +481,19 @@ static __always_inline int lb_process(const struct hook *h, struct icmp_todo *to
 		return hook_pass(h);
 	}
 
-	r = select_backend(p, svc, &sel, 1);
+	r = select_backend(p, svc, &sel, 1, ct);
 	if (r >= 0) {
 		count_reason(r, p->l3_len);
 		return hook_drop(h);
 	}
+	mode = svc->mode;
+	dispatch = svc->dispatch;
+	svc_id = svc->id;
 
-	switch (svc->mode) {
+forward:
+	switch (mode) {
 	case L4LB_MODE_DSR:
-		verdict = dsr_dispatch(h, svc, p, &sel, &tb, &reason);
+		verdict = dsr_dispatch(h, dispatch, p, &sel, &tb, &reason);
 		if (unlikely(reason == L4LB_R_DROP_FRAG_NEEDED)) {
 			/* Not forwarded; counted by the ICMP path. */
 			todo->mtu = tb.mtu;
@@ -402,7 +503,7 @@ static __always_inline int lb_process(const struct hook *h, struct icmp_todo *to
 		}
 		break;
 	case L4LB_MODE_SNAT:
-		verdict = snat_forward(h, p, &sel, svc->id, segment_len(h, p, 0), &reason);
+		verdict = snat_forward(h, p, &sel, svc_id, segment_len(h, p, 0), &reason);
 		break;
 	default:
 		/* The control plane never programs a mode this object lacks. */
@@ -413,7 +514,7 @@ static __always_inline int lb_process(const struct hook *h, struct icmp_todo *to
 	if (reason >= 0)
 		count_reason(reason, p->l3_len);
 	if (verdict != hook_drop(h))
-		count_forward(svc->id, sel.backend_id, p->l3_len, sel.new_flow);
+		count_forward(svc_id, sel.backend_id, p->l3_len, sel.new_flow);
 	return verdict;
 }
 
@@ -470,6 +571,25 @@ __noinline int l4lb_icmp_too_big_tc(struct __sk_buff *ctx, const struct packet *
 		verdict = icmp_too_big(&h, p, 6, mtu, overhead, &reason);
 	count_reason(reason, p->l3_len);
 	return verdict;
+}
+
+/* The walks of validate.h, one global function per hook (see above). */
+__noinline int l4lb_validate_xdp(struct xdp_md *ctx, const struct packet *p, __u32 slow)
+{
+	struct hook h = {.ctx = ctx, .xdp = 1};
+
+	if (!p)
+		return L4LB_R_PASS_MALFORMED_L3;
+	return validate_slow(&h, p, slow);
+}
+
+__noinline int l4lb_validate_tc(struct __sk_buff *ctx, const struct packet *p, __u32 slow)
+{
+	struct hook h = {.ctx = ctx, .xdp = 0};
+
+	if (!p)
+		return L4LB_R_PASS_MALFORMED_L3;
+	return validate_slow(&h, p, slow);
 }
 
 __noinline int l4lb_icmp_error_xdp(struct xdp_md *ctx, struct packet *p)
@@ -565,7 +685,7 @@ int l4lb_hc(struct __sk_buff *skb)
 	sel.backend_id = id;
 	sel.hash = (__u32)flow_hash(&p.key);
 	/* A probe too big for the path is dropped: the probe is the LB's own. */
-	verdict = dsr_dispatch(&h, svc, &p, &sel, &tb, &reason);
+	verdict = dsr_dispatch(&h, svc->dispatch, &p, &sel, &tb, &reason);
 	if (reason >= 0)
 		count_reason(reason, p.l3_len);
 	return verdict;

@@ -36,13 +36,20 @@ type LbBackend struct {
 	Flags  LbL4lbBackendFlags
 }
 
+type LbBackendRoute struct {
+	_     structs.HostLayout
+	Count uint32
+	Mtu   uint32
+	Ids   [8]uint32
+}
+
 type LbCtValue struct {
 	_         structs.HostLayout
 	BackendId uint32
 	SvcId     uint32
 	LastSeen  uint64
 	Hash      uint32
-	Pad       uint32
+	SvcWord   uint32
 }
 
 type LbFlowKey struct {
@@ -73,6 +80,17 @@ const (
 	LbL4lbDispatchL4LB_DISPATCH_IPIP   LbL4lbDispatch = 1
 	LbL4lbDispatchL4LB_DISPATCH_GENEVE LbL4lbDispatch = 2
 	LbL4lbDispatchL4LB_DISPATCH_OPT    LbL4lbDispatch = 3
+)
+
+type LbL4lbEvent uint32
+
+const (
+	LbL4lbEventL4LB_E_FIB_FALLBACK         LbL4lbEvent = 0
+	LbL4lbEventL4LB_E_CT_INSERT_LIMITED    LbL4lbEvent = 1
+	LbL4lbEventL4LB_E_SNAT_OVERFLOW        LbL4lbEvent = 2
+	LbL4lbEventL4LB_E_SNAT_PROMOTED        LbL4lbEvent = 3
+	LbL4lbEventL4LB_E_SNAT_PROMOTE_LIMITED LbL4lbEvent = 4
+	LbL4lbEventL4LB_E_MAX                  LbL4lbEvent = 5
 )
 
 type LbL4lbMode uint32
@@ -110,7 +128,12 @@ const (
 	LbL4lbReasonL4LB_R_ICMP_ERROR_FORWARDED   LbL4lbReason = 22
 	LbL4lbReasonL4LB_R_PASS_ICMP_QUOTE        LbL4lbReason = 23
 	LbL4lbReasonL4LB_R_EVENT_CT_INSERT_FAILED LbL4lbReason = 24
-	LbL4lbReasonL4LB_R_MAX                    LbL4lbReason = 25
+	LbL4lbReasonL4LB_R_PASS_IP_CSUM           LbL4lbReason = 25
+	LbL4lbReasonL4LB_R_PASS_IP_OPTIONS        LbL4lbReason = 26
+	LbL4lbReasonL4LB_R_PASS_IPV6EXT           LbL4lbReason = 27
+	LbL4lbReasonL4LB_R_PASS_UDP_LENGTH        LbL4lbReason = 28
+	LbL4lbReasonL4LB_R_PASS_ICMP_CSUM         LbL4lbReason = 29
+	LbL4lbReasonL4LB_R_MAX                    LbL4lbReason = 30
 )
 
 type LbL4lbSnatState uint32
@@ -134,6 +157,17 @@ type LbLbStats struct {
 	Packets  uint64
 	Bytes    uint64
 	NewFlows uint64
+}
+
+type LbNexthop struct {
+	_       structs.HostLayout
+	Dmac    [6]uint8
+	Smac    [6]uint8
+	Ifindex uint32
+	Flags   uint8
+	Family  uint8
+	Pad     [2]uint8
+	Addr    [16]uint8
 }
 
 type LbReasonStats struct {
@@ -173,7 +207,7 @@ type LbSnatRevValue struct {
 	SvcId      uint32
 	LastSeen   uint64
 	State      LbL4lbSnatState
-	Pad        uint32
+	Flags      uint32
 }
 
 type LbSnatWork struct {
@@ -187,7 +221,8 @@ type LbSnatWork struct {
 	Start   uint32
 	Flags   uint8
 	Claimed uint8
-	Pad     [2]uint8
+	Table   uint8
+	Pad     uint8
 }
 
 type LbSrcRangeKey struct {
@@ -216,24 +251,45 @@ type LbSvcValue struct {
 	AffinityNs uint64
 }
 
+type LbWalk struct {
+	_   structs.HostLayout
+	Buf struct {
+		_ structs.HostLayout
+		B [64]uint8
+	}
+	Len  uint32
+	I    uint32
+	Seen uint32
+	R    int32
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	LbMapAffinity             = "affinity"
+	LbMapBackendRoutes        = "backend_routes"
 	LbMapBackendStats         = "backend_stats"
 	LbMapBackends             = "backends"
 	LbMapConntrack            = "conntrack"
+	LbMapEvents               = "events"
 	LbMapIcmpBuckets          = "icmp_buckets"
+	LbMapInsertBuckets        = "insert_buckets"
 	LbMapMaglev               = "maglev"
+	LbMapNexthops             = "nexthops"
 	LbMapReasons              = "reasons"
 	LbMapServices             = "services"
 	LbMapSnatFwd              = "snat_fwd"
+	LbMapSnatFwdOvf           = "snat_fwd_ovf"
 	LbMapSnatRev              = "snat_rev"
+	LbMapSnatRevOvf           = "snat_rev_ovf"
 	LbMapSnatScratch          = "snat_scratch"
 	LbMapSrcRanges            = "src_ranges"
+	LbMapSvcGen               = "svc_gen"
 	LbMapSvcStats             = "svc_stats"
 	LbMapTxPorts              = "tx_ports"
+	LbMapValidateScratch      = "validate_scratch"
+	LbMapVipFilter            = "vip_filter"
 	LbProgL4lbHc              = "l4lb_hc"
 	LbProgL4lbTc              = "l4lb_tc"
 	LbProgL4lbXdp             = "l4lb_xdp"
@@ -246,6 +302,8 @@ const (
 	LbVarCfgHcMarkMask        = "cfg_hc_mark_mask"
 	LbVarCfgIcmpBurstNs       = "cfg_icmp_burst_ns"
 	LbVarCfgIcmpIntervalNs    = "cfg_icmp_interval_ns"
+	LbVarCfgInsertBurstNs     = "cfg_insert_burst_ns"
+	LbVarCfgInsertIntervalNs  = "cfg_insert_interval_ns"
 	LbVarCfgSeedK0            = "cfg_seed_k0"
 	LbVarCfgSeedK1            = "cfg_seed_k1"
 	LbVarCfgSnatAddr4         = "cfg_snat_addr4"
@@ -257,6 +315,7 @@ const (
 	LbVarCfgSnatTcpClosingNs  = "cfg_snat_tcp_closing_ns"
 	LbVarCfgSnatTcpNs         = "cfg_snat_tcp_ns"
 	LbVarCfgSnatUdpNs         = "cfg_snat_udp_ns"
+	LbVarCfgVipFilterMask     = "cfg_vip_filter_mask"
 )
 
 // LoadLb returns the embedded CollectionSpec for Lb.
@@ -310,20 +369,29 @@ type LbProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type LbMapSpecs struct {
-	Affinity     *ebpf.MapSpec `ebpf:"affinity"`
-	BackendStats *ebpf.MapSpec `ebpf:"backend_stats"`
-	Backends     *ebpf.MapSpec `ebpf:"backends"`
-	Conntrack    *ebpf.MapSpec `ebpf:"conntrack"`
-	IcmpBuckets  *ebpf.MapSpec `ebpf:"icmp_buckets"`
-	Maglev       *ebpf.MapSpec `ebpf:"maglev"`
-	Reasons      *ebpf.MapSpec `ebpf:"reasons"`
-	Services     *ebpf.MapSpec `ebpf:"services"`
-	SnatFwd      *ebpf.MapSpec `ebpf:"snat_fwd"`
-	SnatRev      *ebpf.MapSpec `ebpf:"snat_rev"`
-	SnatScratch  *ebpf.MapSpec `ebpf:"snat_scratch"`
-	SrcRanges    *ebpf.MapSpec `ebpf:"src_ranges"`
-	SvcStats     *ebpf.MapSpec `ebpf:"svc_stats"`
-	TxPorts      *ebpf.MapSpec `ebpf:"tx_ports"`
+	Affinity        *ebpf.MapSpec `ebpf:"affinity"`
+	BackendRoutes   *ebpf.MapSpec `ebpf:"backend_routes"`
+	BackendStats    *ebpf.MapSpec `ebpf:"backend_stats"`
+	Backends        *ebpf.MapSpec `ebpf:"backends"`
+	Conntrack       *ebpf.MapSpec `ebpf:"conntrack"`
+	Events          *ebpf.MapSpec `ebpf:"events"`
+	IcmpBuckets     *ebpf.MapSpec `ebpf:"icmp_buckets"`
+	InsertBuckets   *ebpf.MapSpec `ebpf:"insert_buckets"`
+	Maglev          *ebpf.MapSpec `ebpf:"maglev"`
+	Nexthops        *ebpf.MapSpec `ebpf:"nexthops"`
+	Reasons         *ebpf.MapSpec `ebpf:"reasons"`
+	Services        *ebpf.MapSpec `ebpf:"services"`
+	SnatFwd         *ebpf.MapSpec `ebpf:"snat_fwd"`
+	SnatFwdOvf      *ebpf.MapSpec `ebpf:"snat_fwd_ovf"`
+	SnatRev         *ebpf.MapSpec `ebpf:"snat_rev"`
+	SnatRevOvf      *ebpf.MapSpec `ebpf:"snat_rev_ovf"`
+	SnatScratch     *ebpf.MapSpec `ebpf:"snat_scratch"`
+	SrcRanges       *ebpf.MapSpec `ebpf:"src_ranges"`
+	SvcGen          *ebpf.MapSpec `ebpf:"svc_gen"`
+	SvcStats        *ebpf.MapSpec `ebpf:"svc_stats"`
+	TxPorts         *ebpf.MapSpec `ebpf:"tx_ports"`
+	ValidateScratch *ebpf.MapSpec `ebpf:"validate_scratch"`
+	VipFilter       *ebpf.MapSpec `ebpf:"vip_filter"`
 }
 
 // LbVariableSpecs contains global variables before they are loaded into the kernel.
@@ -339,6 +407,8 @@ type LbVariableSpecs struct {
 	CfgHcMarkMask        *ebpf.VariableSpec `ebpf:"cfg_hc_mark_mask"`
 	CfgIcmpBurstNs       *ebpf.VariableSpec `ebpf:"cfg_icmp_burst_ns"`
 	CfgIcmpIntervalNs    *ebpf.VariableSpec `ebpf:"cfg_icmp_interval_ns"`
+	CfgInsertBurstNs     *ebpf.VariableSpec `ebpf:"cfg_insert_burst_ns"`
+	CfgInsertIntervalNs  *ebpf.VariableSpec `ebpf:"cfg_insert_interval_ns"`
 	CfgSeedK0            *ebpf.VariableSpec `ebpf:"cfg_seed_k0"`
 	CfgSeedK1            *ebpf.VariableSpec `ebpf:"cfg_seed_k1"`
 	CfgSnatAddr4         *ebpf.VariableSpec `ebpf:"cfg_snat_addr4"`
@@ -350,6 +420,7 @@ type LbVariableSpecs struct {
 	CfgSnatTcpClosingNs  *ebpf.VariableSpec `ebpf:"cfg_snat_tcp_closing_ns"`
 	CfgSnatTcpNs         *ebpf.VariableSpec `ebpf:"cfg_snat_tcp_ns"`
 	CfgSnatUdpNs         *ebpf.VariableSpec `ebpf:"cfg_snat_udp_ns"`
+	CfgVipFilterMask     *ebpf.VariableSpec `ebpf:"cfg_vip_filter_mask"`
 }
 
 // LbObjects contains all objects after they have been loaded into the kernel.
@@ -372,38 +443,56 @@ func (o *LbObjects) Close() error {
 //
 // It can be passed to LoadLbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type LbMaps struct {
-	Affinity     *ebpf.Map `ebpf:"affinity"`
-	BackendStats *ebpf.Map `ebpf:"backend_stats"`
-	Backends     *ebpf.Map `ebpf:"backends"`
-	Conntrack    *ebpf.Map `ebpf:"conntrack"`
-	IcmpBuckets  *ebpf.Map `ebpf:"icmp_buckets"`
-	Maglev       *ebpf.Map `ebpf:"maglev"`
-	Reasons      *ebpf.Map `ebpf:"reasons"`
-	Services     *ebpf.Map `ebpf:"services"`
-	SnatFwd      *ebpf.Map `ebpf:"snat_fwd"`
-	SnatRev      *ebpf.Map `ebpf:"snat_rev"`
-	SnatScratch  *ebpf.Map `ebpf:"snat_scratch"`
-	SrcRanges    *ebpf.Map `ebpf:"src_ranges"`
-	SvcStats     *ebpf.Map `ebpf:"svc_stats"`
-	TxPorts      *ebpf.Map `ebpf:"tx_ports"`
+	Affinity        *ebpf.Map `ebpf:"affinity"`
+	BackendRoutes   *ebpf.Map `ebpf:"backend_routes"`
+	BackendStats    *ebpf.Map `ebpf:"backend_stats"`
+	Backends        *ebpf.Map `ebpf:"backends"`
+	Conntrack       *ebpf.Map `ebpf:"conntrack"`
+	Events          *ebpf.Map `ebpf:"events"`
+	IcmpBuckets     *ebpf.Map `ebpf:"icmp_buckets"`
+	InsertBuckets   *ebpf.Map `ebpf:"insert_buckets"`
+	Maglev          *ebpf.Map `ebpf:"maglev"`
+	Nexthops        *ebpf.Map `ebpf:"nexthops"`
+	Reasons         *ebpf.Map `ebpf:"reasons"`
+	Services        *ebpf.Map `ebpf:"services"`
+	SnatFwd         *ebpf.Map `ebpf:"snat_fwd"`
+	SnatFwdOvf      *ebpf.Map `ebpf:"snat_fwd_ovf"`
+	SnatRev         *ebpf.Map `ebpf:"snat_rev"`
+	SnatRevOvf      *ebpf.Map `ebpf:"snat_rev_ovf"`
+	SnatScratch     *ebpf.Map `ebpf:"snat_scratch"`
+	SrcRanges       *ebpf.Map `ebpf:"src_ranges"`
+	SvcGen          *ebpf.Map `ebpf:"svc_gen"`
+	SvcStats        *ebpf.Map `ebpf:"svc_stats"`
+	TxPorts         *ebpf.Map `ebpf:"tx_ports"`
+	ValidateScratch *ebpf.Map `ebpf:"validate_scratch"`
+	VipFilter       *ebpf.Map `ebpf:"vip_filter"`
 }
 
 func (m *LbMaps) Close() error {
 	return _LbClose(
 		m.Affinity,
+		m.BackendRoutes,
 		m.BackendStats,
 		m.Backends,
 		m.Conntrack,
+		m.Events,
 		m.IcmpBuckets,
+		m.InsertBuckets,
 		m.Maglev,
+		m.Nexthops,
 		m.Reasons,
 		m.Services,
 		m.SnatFwd,
+		m.SnatFwdOvf,
 		m.SnatRev,
+		m.SnatRevOvf,
 		m.SnatScratch,
 		m.SrcRanges,
+		m.SvcGen,
 		m.SvcStats,
 		m.TxPorts,
+		m.ValidateScratch,
+		m.VipFilter,
 	)
 }
 
@@ -420,6 +509,8 @@ type LbVariables struct {
 	CfgHcMarkMask        *ebpf.Variable `ebpf:"cfg_hc_mark_mask"`
 	CfgIcmpBurstNs       *ebpf.Variable `ebpf:"cfg_icmp_burst_ns"`
 	CfgIcmpIntervalNs    *ebpf.Variable `ebpf:"cfg_icmp_interval_ns"`
+	CfgInsertBurstNs     *ebpf.Variable `ebpf:"cfg_insert_burst_ns"`
+	CfgInsertIntervalNs  *ebpf.Variable `ebpf:"cfg_insert_interval_ns"`
 	CfgSeedK0            *ebpf.Variable `ebpf:"cfg_seed_k0"`
 	CfgSeedK1            *ebpf.Variable `ebpf:"cfg_seed_k1"`
 	CfgSnatAddr4         *ebpf.Variable `ebpf:"cfg_snat_addr4"`
@@ -431,6 +522,7 @@ type LbVariables struct {
 	CfgSnatTcpClosingNs  *ebpf.Variable `ebpf:"cfg_snat_tcp_closing_ns"`
 	CfgSnatTcpNs         *ebpf.Variable `ebpf:"cfg_snat_tcp_ns"`
 	CfgSnatUdpNs         *ebpf.Variable `ebpf:"cfg_snat_udp_ns"`
+	CfgVipFilterMask     *ebpf.Variable `ebpf:"cfg_vip_filter_mask"`
 }
 
 // LbPrograms contains all programs after they have been loaded into the kernel.

@@ -72,4 +72,17 @@ volatile const __u64 cfg_snat_udp_ns = 60000000000ULL;         /* 60s */
 volatile const __u64 cfg_icmp_interval_ns = 0;
 volatile const __u64 cfg_icmp_burst_ns = 0;
 
+/*
+ * New connection-table entries per CPU (datapath.flow_insert_rate): one per
+ * cfg_insert_interval_ns, in bursts of up to a second's worth
+ * (cfg_insert_burst_ns). An interval of 0 means no limit. Above the rate a
+ * new flow is forwarded by Maglev alone, unrecorded: a flood of packets of
+ * unknown flows cannot push established flows out of the LRU table.
+ */
+volatile const __u64 cfg_insert_interval_ns = 0;
+volatile const __u64 cfg_insert_burst_ns = 0;
+
+/* Words of the vip_filter map minus one (a power of two minus one). */
+volatile const __u32 cfg_vip_filter_mask = 0;
+
 #endif

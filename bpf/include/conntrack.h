@@ -12,7 +12,14 @@
  * statelessly (Maglev gives the same answer for the same 5-tuple) and the
  * entry is created by the first packet without SYN, which a spoofed source
  * never sends. A flood of spoofed SYNs therefore cannot evict established
- * flows from the LRU.
+ * flows from the LRU. A flood of packets without SYN (an ACK or UDP flood)
+ * would: above datapath.flow_insert_rate new entries per second per CPU, a
+ * new flow is forwarded by Maglev alone and not recorded.
+ *
+ * The established fast path (lb.c) finds a flow's entry before any service
+ * lookup and forwards by it when ct_established accepts it; everything else
+ * goes through select_backend, which also re-validates an entry whose
+ * service changed since.
  */
 #ifndef L4LB_CONNTRACK_H
 #define L4LB_CONNTRACK_H
@@ -20,6 +27,7 @@
 #include "affinity.h"
 #include "maglev.h"
 #include "parse.h"
+#include "ratelimit.h"
 #include "stats.h"
 
 /* last_seen is refreshed at most this often, to keep the entry's cache line
@@ -42,17 +50,60 @@ static __always_inline const struct backend *backend_of(__u32 id, __u32 svc_id)
 	return be;
 }
 
+/* The word svc_gen holds for svc_id; 0 when none. */
+static __always_inline __u32 svc_word_of(__u32 svc_id)
+{
+	__u32 *w = bpf_map_lookup_elem(&svc_gen, &svc_id);
+
+	return w ? *w : 0;
+}
+
 /*
- * Fills sel and returns -1, or returns L4LB_R_DROP_NO_BACKEND. On a miss, a
- * service with affinity tries the client's remembered backend before Maglev
- * (affinity.h). update 0 looks without leaving a trace, for an ICMP error
- * about the flow: no entry is created or refreshed, here or for affinity.
+ * The established fast path's check of a connection-table entry: the
+ * service id still holds what the flow was balanced under (its svc_gen word
+ * equals the entry's, see types.h) and the backend is still one of it. Then
+ * the flow is forwarded without the service lookup, in the word's mode and
+ * dispatch (*word). NULL sends the packet through the full path, which
+ * looks the service up and checks the entry again (select_backend).
+ */
+static __always_inline const struct backend *ct_established(const struct ct_value *ct, __u32 *word)
+{
+	__u32 w = svc_word_of(ct->svc_id);
+
+	if (w != ct->svc_word || !L4LB_WORD_MODE(w))
+		return NULL;
+	*word = w;
+	return backend_of(ct->backend_id, ct->svc_id);
+}
+
+/* Refresh an entry's last_seen (at most once a second, see CT_REFRESH_NS). */
+static __always_inline void ct_touch(struct ct_value *ct, __u64 now)
+{
+	if (now - ct->last_seen > CT_REFRESH_NS)
+		ct->last_seen = now;
+}
+
+/* May this CPU record one more new flow now (datapath.flow_insert_rate)? */
+static __always_inline int ct_insert_allowed(__u64 now)
+{
+	if (!cfg_insert_interval_ns)
+		return 1;
+	return gcra_allow(&insert_buckets, now, cfg_insert_interval_ns, cfg_insert_burst_ns);
+}
+
+/*
+ * Fills sel and returns -1, or returns L4LB_R_DROP_NO_BACKEND. ct is the
+ * flow's connection-table entry, or NULL when it has none (the caller
+ * looked it up). On a miss, a service with affinity tries the client's
+ * remembered backend before Maglev (affinity.h). update 0 looks without
+ * leaving a trace, for an ICMP error about the flow: no entry is created or
+ * refreshed, here or for affinity.
  */
 static __always_inline int select_backend(struct packet *p, const struct svc_value *svc,
-					  struct selection *sel, int update)
+					  struct selection *sel, int update, struct ct_value *ct)
 {
-	struct ct_value *ct = bpf_map_lookup_elem(&conntrack, &p->key);
 	__u64 now = bpf_ktime_get_coarse_ns();
+	__u32 word = svc_word_of(svc->id);
 	__u64 hash;
 	__u32 id;
 
@@ -61,8 +112,12 @@ static __always_inline int select_backend(struct packet *p, const struct svc_val
 		id = ct->backend_id;
 		sel->be = backend_of(id, svc->id);
 		if (sel->be) {
-			if (update && now - ct->last_seen > CT_REFRESH_NS)
-				ct->last_seen = now;
+			if (update) {
+				ct_touch(ct, now);
+				/* Checked against the entry: fast again. */
+				if (ct->svc_word != word)
+					ct->svc_word = word;
+			}
 			sel->backend_id = id;
 			sel->hash = ct->hash;
 			return -1;
@@ -71,6 +126,26 @@ static __always_inline int select_backend(struct packet *p, const struct svc_val
 
 	hash = flow_hash(&p->key);
 	id = 0;
+	/* A SNAT flow's binding is state too: a flow the connection table
+	 * does not hold (it began over datapath.flow_insert_rate, or its entry
+	 * was evicted) keeps the backend its binding was made for while that
+	 * backend is still the service's. */
+	if (svc->mode == L4LB_MODE_SNAT && !ct) {
+		struct snat_fwd_value *fwd = bpf_map_lookup_elem(&snat_fwd, &p->key);
+
+		if (!fwd)
+			fwd = bpf_map_lookup_elem(&snat_fwd_ovf, &p->key);
+		if (fwd) {
+			const __u64 *a = (const __u64 *)fwd->backend_addr;
+
+			id = fwd->backend_id;
+			sel->be = backend_of(id, svc->id);
+			if (sel->be && a[0] == ((const __u64 *)sel->be->addr)[0] &&
+			    a[1] == ((const __u64 *)sel->be->addr)[1] && fwd->backend_port == sel->be->port)
+				goto chosen;
+			id = 0;
+		}
+	}
 	if (svc->flags & L4LB_SVC_AFFINITY) {
 		id = affinity_lookup(svc, p->key.src, now, update);
 		sel->be = backend_of(id, svc->id);
@@ -86,22 +161,37 @@ static __always_inline int select_backend(struct packet *p, const struct svc_val
 		if (update && (svc->flags & L4LB_SVC_AFFINITY))
 			affinity_store(svc->id, p->key.src, id, now);
 	}
+chosen:
 	sel->backend_id = id;
 	sel->hash = (__u32)hash;
+	if (!update)
+		return -1;
 
-	if (update && (ct || p->key.proto != IPPROTO_TCP ||
-		       (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) != TCP_FLAG_SYN)) {
+	if (ct) {
+		/* Re-balanced (its backend left, or the service id changed
+		 * hands): the entry is rewritten in place, no insert. */
+		ct->backend_id = id;
+		ct->svc_id = svc->id;
+		ct->last_seen = now;
+		ct->hash = (__u32)hash;
+		ct->svc_word = word;
+		sel->new_flow = 1;
+	} else if (p->key.proto != IPPROTO_TCP || (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) != TCP_FLAG_SYN) {
 		struct ct_value v = {
 			.backend_id = id,
 			.svc_id = svc->id,
 			.last_seen = now,
 			.hash = (__u32)hash,
+			.svc_word = word,
 		};
 
-		/* The flow is still forwarded (Maglev gives its later packets
-		 * the same backend while the table holds); the failure is
-		 * what `l4lbctl conntrack stats` reports. */
-		if (bpf_map_update_elem(&conntrack, &p->key, &v, BPF_ANY))
+		/* Either way the flow is forwarded: Maglev gives its later
+		 * packets the same backend while the table holds. A failure
+		 * is what `l4lbctl conntrack stats` reports; a limited insert
+		 * is counted as event ct_insert_limited. */
+		if (!ct_insert_allowed(now))
+			count_event(L4LB_E_CT_INSERT_LIMITED);
+		else if (bpf_map_update_elem(&conntrack, &p->key, &v, BPF_ANY))
 			count_reason(L4LB_R_EVENT_CT_INSERT_FAILED, p->l3_len);
 		sel->new_flow = 1;
 	}

@@ -25,6 +25,7 @@
 
 #include "config.h"
 #include "csum.h"
+#include "forward.h"
 #include "hook.h"
 #include "parse.h"
 
@@ -47,14 +48,6 @@ static __always_inline void encap_source(__u8 family, __u32 hash, __u8 out[16])
 	}
 }
 
-/* Drop Ethernet padding after the IP packet so it is not carried inside the tunnel. */
-static __always_inline int trim_to_l3(const struct hook *h, const struct packet *p)
-{
-	if (hook_trim(h, (__u32)p->l3_off + p->l3_len))
-		return L4LB_R_DROP_ENCAP;
-	return -1;
-}
-
 /* UDP and Geneve headers between the outer IP header and the client's packet. */
 #define GENEVE_HLEN (sizeof(struct udphdr) + sizeof(struct l4lb_geneve))
 
@@ -72,11 +65,18 @@ static __always_inline __u32 geneve_overhead(__u8 family)
 /*
  * Put an outer IP header with protocol proto, followed by extra bytes of
  * room for the caller's headers, in front of the IP packet of p (which must
- * start right after an untagged Ethernet header), keeping the Ethernet
- * header: a frame handed to the stack (next hop unresolved) must still be
- * addressed to this interface, or the stack drops it as PACKET_OTHERHOST.
- * tc_flags adds to the tc encapsulation flags (the L4 tunnel type). Returns
- * -1 on success or the reason for failing.
+ * start right after an untagged Ethernet header). Returns -1 on success or the reason for failing.
+ *
+ * XDP grows the head by the new headers in one bpf_xdp_adjust_head and
+ * writes the outer header in place from values computed in registers (its
+ * IPv4 checksum summed from them, not read back). The MACs the frame came
+ * with go in front again (three words kept in registers): transmit
+ * overwrites them with rt's when the frame leaves directly, and a frame it
+ * hands to the stack (neighbour unresolved, egress not in tx_ports) must
+ * still be addressed to this interface or the stack drops it as
+ * PACKET_OTHERHOST. tc asks bpf_skb_adjust_room, which keeps the
+ * Ethernet header and marks the skb as encapsulated (tc_flags adds the L4
+ * tunnel type) so that GSO packets are segmented right later.
  */
 static __always_inline int encap_push(const struct hook *h, const struct packet *p,
 				      const __u8 src[16], const __u8 dst[16], __u32 hash,
@@ -86,51 +86,81 @@ static __always_inline int encap_push(const struct hook *h, const struct packet 
 	__u64 flags = BPF_F_ADJ_ROOM_FIXED_GSO | tc_flags |
 		      (p->family == 4 ? BPF_F_ADJ_ROOM_ENCAP_L3_IPV4 : BPF_F_ADJ_ROOM_ENCAP_L3_IPV6);
 	void *data, *data_end;
-	struct ethhdr *eth;
+	__u32 mac0 = 0, mac1 = 0, mac2 = 0;
+	__be16 inner_id = 0;
 
 	if (trim_to_l3(h, p) >= 0)
 		return L4LB_R_DROP_ENCAP;
-	if (hook_grow(h, ETH_HLEN, hdr + extra, flags))
-		return L4LB_R_DROP_ENCAP;
 	data = hook_data(h);
 	data_end = hook_data_end(h);
-	eth = data;
+	if (data + ETH_HLEN + sizeof(struct iphdr) > data_end)
+		return L4LB_R_DROP_ENCAP;
+	if (p->family == 4)
+		inner_id = ((struct iphdr *)(data + ETH_HLEN))->id;
+	if (h->xdp) {
+		mac0 = ((__u32 *)data)[0];
+		mac1 = ((__u32 *)data)[1];
+		mac2 = ((__u32 *)data)[2];
+		if (bpf_xdp_adjust_head(hook_xdp(h), -(hdr + extra)))
+			return L4LB_R_DROP_ENCAP;
+	} else if (bpf_skb_adjust_room(hook_skb(h), hdr + extra, BPF_ADJ_ROOM_MAC, flags)) {
+		return L4LB_R_DROP_ENCAP;
+	}
+	data = hook_data(h);
+	data_end = hook_data_end(h);
 
 	if (p->family == 4) {
-		struct iphdr *outer = data + sizeof(*eth);
-		struct iphdr *inner = (void *)(outer + 1) + extra;
-
-		if ((void *)(inner + 1) > data_end)
-			return L4LB_R_DROP_ENCAP;
-		eth->h_proto = bpf_htons(ETH_P_IP);
-		outer->version = 4;
-		outer->ihl = 5;
-		outer->tos = p->tos;
-		outer->tot_len = bpf_htons(p->l3_len + sizeof(*outer) + extra);
-		outer->id = inner->id;
-		outer->frag_off = p->frag_df;
-		outer->ttl = cfg_encap_ttl;
-		outer->protocol = proto;
-		outer->check = 0;
-		outer->saddr = addr_to_v4(src);
-		outer->daddr = addr_to_v4(dst);
-		outer->check = ipv4_hdr_csum(outer);
-	} else {
-		struct ipv6hdr *outer = data + sizeof(*eth);
+		struct iphdr *outer = data + ETH_HLEN;
+		__u32 *w = (__u32 *)outer;
+		__u32 w0, w1, w2;
+		__u64 sum;
 
 		if ((void *)(outer + 1) > data_end)
 			return L4LB_R_DROP_ENCAP;
-		eth->h_proto = bpf_htons(ETH_P_IPV6);
-		outer->version = 6;
-		outer->priority = p->tos >> 4;
-		outer->flow_lbl[0] = ((p->tos & 0x0f) << 4) | ((hash >> 16) & 0x0f);
-		outer->flow_lbl[1] = hash >> 8;
-		outer->flow_lbl[2] = hash;
-		outer->payload_len = bpf_htons(p->l3_len + extra);
-		outer->nexthdr = proto;
-		outer->hop_limit = cfg_encap_ttl;
-		copy16(&outer->saddr, src);
-		copy16(&outer->daddr, dst);
+		if (h->xdp) {
+			((__u32 *)data)[0] = mac0;
+			((__u32 *)data)[1] = mac1;
+			((__u32 *)data)[2] = mac2;
+		}
+		((struct ethhdr *)data)->h_proto = bpf_htons(ETH_P_IP);
+		/* Words as stored (the bytes of each field in network
+		 * order): version/IHL, TOS, total length; identification
+		 * (the inner one), flags (DF copied); TTL, protocol, checksum. */
+		w0 = 0x45 | (__u32)p->tos << 8 | (__u32)bpf_htons(p->l3_len + sizeof(*outer) + extra) << 16;
+		w1 = (__u32)inner_id | (__u32)p->frag_df << 16;
+		w2 = (__u32)cfg_encap_ttl | (__u32)proto << 8;
+		sum = (__u64)w0 + w1 + w2 + addr_to_v4(src) + addr_to_v4(dst);
+		w[0] = w0;
+		w[1] = w1;
+		w[2] = w2 | (__u32)(__u16)~csum_fold64(sum) << 16;
+		w[3] = addr_to_v4(src);
+		w[4] = addr_to_v4(dst);
+	} else {
+		struct ipv6hdr *outer = data + ETH_HLEN;
+		__u32 *w = (__u32 *)outer;
+		const __u32 *s = (const __u32 *)src, *d = (const __u32 *)dst;
+
+		if ((void *)(outer + 1) > data_end)
+			return L4LB_R_DROP_ENCAP;
+		if (h->xdp) {
+			((__u32 *)data)[0] = mac0;
+			((__u32 *)data)[1] = mac1;
+			((__u32 *)data)[2] = mac2;
+		}
+		((struct ethhdr *)data)->h_proto = bpf_htons(ETH_P_IPV6);
+		/* Version 6, the inner traffic class, the flow hash's low 20
+		 * bits as the flow label; payload length, next header, hop
+		 * limit. */
+		w[0] = bpf_htonl(6U << 28 | (__u32)p->tos << 20 | (hash & 0xfffff));
+		w[1] = (__u32)bpf_htons(p->l3_len + extra) | (__u32)proto << 16 | (__u32)cfg_encap_ttl << 24;
+		w[2] = s[0];
+		w[3] = s[1];
+		w[4] = s[2];
+		w[5] = s[3];
+		w[6] = d[0];
+		w[7] = d[1];
+		w[8] = d[2];
+		w[9] = d[3];
 	}
 	return -1;
 }

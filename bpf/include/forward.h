@@ -11,6 +11,7 @@
 
 #include "hook.h"
 #include "maps.h"
+#include "parse.h"
 
 struct route {
 	__u32 ifindex;
@@ -70,6 +71,16 @@ static __always_inline int route_lookup(const struct hook *h, __u8 family, const
 	rt->ifindex = fib.ifindex;
 	__builtin_memcpy(rt->smac, fib.smac, ETH_ALEN);
 	__builtin_memcpy(rt->dmac, fib.dmac, ETH_ALEN);
+	return -1;
+}
+
+/* Drop Ethernet padding (or any bytes) after the IP packet, so that a
+ * forwarded packet is exactly what its IP header says: inside a tunnel,
+ * and out of a rewrite alike. */
+static __always_inline int trim_to_l3(const struct hook *h, const struct packet *p)
+{
+	if (hook_trim(h, (__u32)p->l3_off + p->l3_len))
+		return L4LB_R_DROP_ENCAP;
 	return -1;
 }
 

@@ -43,6 +43,7 @@
 #include "hook.h"
 #include "maps.h"
 #include "parse.h"
+#include "ratelimit.h"
 
 #ifndef IPPROTO_ICMPV6
 #define IPPROTO_ICMPV6 58
@@ -76,21 +77,7 @@
 /* A token for one ICMP message from this CPU's bucket; 0 when over the limit. */
 static __always_inline int icmp_allow(void)
 {
-	struct icmp_bucket *b;
-	__u32 zero = 0;
-	__u64 now, tat;
-
-	b = bpf_map_lookup_elem(&icmp_buckets, &zero);
-	if (!b)
-		return 0;
-	now = bpf_ktime_get_coarse_ns();
-	tat = b->tat;
-	if (tat < now)
-		tat = now;
-	if (tat - now > cfg_icmp_burst_ns)
-		return 0;
-	b->tat = tat + cfg_icmp_interval_ns;
-	return 1;
+	return gcra_allow(&icmp_buckets, bpf_ktime_get_coarse_ns(), cfg_icmp_interval_ns, cfg_icmp_burst_ns);
 }
 
 /*
@@ -176,6 +163,63 @@ static __always_inline __u64 csum_addr(const __u8 a[16])
 	const __u32 *w = (const __u32 *)a;
 
 	return (__u64)w[0] + w[1] + w[2] + w[3];
+}
+
+/* Longest ICMP error whose checksum icmp_csum_ok verifies; longer ones are
+ * passed (an error quotes at most 576 bytes in all for IPv4, 1280 for
+ * IPv6: RFC 1812, RFC 4443). */
+#define ICMP_CSUM_MAX 2047
+
+/*
+ * Is the ICMP / ICMPv6 checksum of p (parse_packet stopped at its ICMP
+ * header) right? The message must lie in the linear part of the frame (tc:
+ * pulled by the caller). ICMPv6 sums the pseudo-header too.
+ */
+static __always_inline int icmp_csum_ok(const struct hook *h, const struct packet *p)
+{
+	void *data = hook_data(h);
+	void *data_end = hook_data_end(h);
+	__u32 off = p->l4_off, len = (__u32)p->l3_off + p->l3_len - p->l4_off;
+	__u64 sum = 0;
+	void *at;
+
+	if (off > ICMP_OFF_MAX || len < ICMP_HLEN || len > ICMP_CSUM_MAX)
+		return 0;
+	at = data + off;
+#define CSUM_BIT(n)                                                    \
+	do {                                                           \
+		if (len & (n)) {                                       \
+			if (at + (n) > data_end)                       \
+				return 0;                              \
+			sum += (__u32)bpf_csum_diff(NULL, 0, at, (n), 0); \
+			at += (n);                                     \
+		}                                                      \
+	} while (0)
+	CSUM_BIT(1024);
+	CSUM_BIT(512);
+	CSUM_BIT(256);
+	CSUM_BIT(128);
+	CSUM_BIT(64);
+	CSUM_BIT(32);
+	CSUM_BIT(16);
+	CSUM_BIT(8);
+	CSUM_BIT(4);
+#undef CSUM_BIT
+	if (len & 2) {
+		if (at + 2 > data_end)
+			return 0;
+		sum += *(__u16 *)at;
+		at += 2;
+	}
+	if (len & 1) {
+		if (at + 1 > data_end)
+			return 0;
+		/* The odd last byte is the high byte of a word whose low byte is 0. */
+		sum += *(__u8 *)at;
+	}
+	if (p->family == 6)
+		sum += csum_addr(p->key.src) + csum_addr(p->key.dst) + bpf_htonl(len) + bpf_htonl(IPPROTO_ICMPV6);
+	return csum_fold64(sum) == 0xffff;
 }
 
 /*

@@ -21,6 +21,32 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } services SEC(".maps");
 
+/*
+ * Service id -> the word naming what the id holds (see L4LB_WORD_* in
+ * types.h): what lets an established flow skip the service lookup.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(max_entries, 4097);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} svc_gen SEC(".maps");
+
+/*
+ * A Bloom filter over the frontends (filter.h): 64-bit words, a power of
+ * two of them (cfg_vip_filter_mask + 1). A packet whose (VIP, port,
+ * protocol) sets no complete pair of bits is to no frontend, and skips
+ * the connection and service lookups.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(max_entries, 1024);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} vip_filter SEC(".maps");
+
 /* Backend id -> backend. An array: ids are small and the lookup is inlined. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -29,6 +55,24 @@ struct {
 	__uint(max_entries, 65537);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } backends SEC(".maps");
+
+/* Backend id -> its route: next-hop ids and MTU (struct backend_route). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct backend_route);
+	__uint(max_entries, 65537);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} backend_routes SEC(".maps");
+
+/* Next-hop id -> MACs and egress interface (struct nexthop). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct nexthop);
+	__uint(max_entries, 65537);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} nexthops SEC(".maps");
 
 /*
  * Service id -> that service's Maglev table, in chunks of MAGLEV_CHUNK ids. The table
@@ -54,15 +98,19 @@ struct {
 } maglev SEC(".maps");
 
 /*
- * Flow -> backend. An LRU with per-CPU eviction lists: a flow arrives on one
- * CPU (RSS), so CPUs do not contend on a shared list.
+ * Flow -> backend. An LRU shared by all CPUs, so that its capacity is what
+ * datapath.conntrack_max says whichever CPUs the flows arrive on (per-CPU
+ * lists would give each CPU a 1/ncpus share). The kernel keeps per-CPU
+ * free lists in front of the shared one; make bench measured no insert
+ * cost over per-CPU lists. Pinned as conntrack_v2 (lb/datapath/migrate.go
+ * moves the entries of the per-CPU map an earlier l4lbd pinned as
+ * conntrack).
  */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__type(key, struct flow_key);
 	__type(value, struct ct_value);
 	__uint(max_entries, 1048576);
-	__uint(map_flags, BPF_F_NO_COMMON_LRU);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } conntrack SEC(".maps");
 
@@ -72,16 +120,16 @@ struct {
  * service at once; an LRU instead forgets the binding idle the longest.
  * Evicting a live binding breaks that one flow: its next packet gets a new
  * port (or, when only one half was evicted, the binding is rebuilt from the
- * other half). Like conntrack, each CPU evicts from its own list; both
- * entries of a binding are inserted by the forward path, so on the same CPU.
- * Sized by datapath.snat_max.
+ * other half). New bindings above datapath.flow_insert_rate go to the
+ * overflow tables below instead, so that a flood cannot evict these. Shared
+ * by all CPUs, as conntrack; pinned as snat_fwd_v2 / snat_rev_v2. Sized by
+ * datapath.snat_max.
  */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__type(key, struct flow_key);
 	__type(value, struct snat_fwd_value);
 	__uint(max_entries, 1048576);
-	__uint(map_flags, BPF_F_NO_COMMON_LRU);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } snat_fwd SEC(".maps");
 
@@ -90,9 +138,29 @@ struct {
 	__type(key, struct snat_rev_key);
 	__type(value, struct snat_rev_value);
 	__uint(max_entries, 1048576);
-	__uint(map_flags, BPF_F_NO_COMMON_LRU);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } snat_rev SEC(".maps");
+
+/*
+ * The SNAT overflow tables: bindings made while the CPU was over
+ * datapath.flow_insert_rate (snat.h), in a set of their own so that a
+ * flood of new flows churns only them. Sized by lb/datapath.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct flow_key);
+	__type(value, struct snat_fwd_value);
+	__uint(max_entries, 65536);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} snat_fwd_ovf SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct snat_rev_key);
+	__type(value, struct snat_rev_value);
+	__uint(max_entries, 65536);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} snat_rev_ovf SEC(".maps");
 
 /*
  * Per-CPU scratch space of the SNAT paths (see struct snat_work).
@@ -144,6 +212,24 @@ struct {
 	__uint(max_entries, 1);
 } icmp_buckets SEC(".maps");
 
+/* The connection-table insert limiter's bucket, one per CPU (GCRA, as
+ * icmp_buckets; datapath.flow_insert_rate). Not pinned. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct icmp_bucket);
+	__uint(max_entries, 1);
+} insert_buckets SEC(".maps");
+
+/* Per-CPU counters by enum l4lb_event. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, enum l4lb_event);
+	__type(value, __u64);
+	__uint(max_entries, L4LB_E_MAX);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} events SEC(".maps");
+
 /* Per-CPU counters by service id and by backend id. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -161,7 +247,8 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } backend_stats SEC(".maps");
 
-/* Per-CPU counters by enum l4lb_reason. */
+/* Per-CPU counters by enum l4lb_reason. A new reason changes its size, so
+ * the map is pinned under a new name then (lb/datapath/migrate.go). */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__type(key, enum l4lb_reason);

@@ -43,7 +43,14 @@ struct packet {
 	__u8 tos;            /* IPv4 TOS / IPv6 traffic class */
 	__be16 frag_df;      /* IPv4 DF bit as found (network order), 0 for IPv6 */
 	__u8 l4_hlen;        /* TCP header length with options; 8 for UDP */
+	__u8 checks;         /* PKT_*: what validate.h must look at before forwarding */
 };
+
+/* packet.checks: parts of a packet the parser did not check to the
+ * standard of what the LB forwards (validate.h does, when it matters). */
+#define PKT_IP_OPTS 0x1  /* IPv4 options: their syntax */
+#define PKT_IP6_EXT 0x2  /* IPv6 extension headers: order, TLVs, routing */
+#define PKT_UDP_LEN 0x4  /* UDP length shorter than the IP payload */
 
 /* The service-map key of the frontend a flow is addressed to. */
 static __always_inline void svc_key_of(struct svc_key *sk, const struct flow_key *k)
@@ -74,6 +81,7 @@ static __always_inline int parse_packet(void *data, void *data_end, struct packe
 		return L4LB_R_PASS_NOT_IP;
 	proto = eth->h_proto;
 	p->vlan = 0;
+	p->checks = 0;
 
 #pragma unroll
 	for (int i = 0; i < 2; i++) {
@@ -103,6 +111,8 @@ static __always_inline int parse_packet(void *data, void *data_end, struct packe
 			return L4LB_R_PASS_MALFORMED_L3;
 		if (iph->frag_off & bpf_htons(IP_MF | IP_OFFSET))
 			return L4LB_R_PASS_FRAGMENT;
+		if (hlen > sizeof(*iph))
+			p->checks |= PKT_IP_OPTS;
 		p->family = 4;
 		p->l3_len = tot;
 		p->tos = iph->tos;
@@ -153,6 +163,7 @@ static __always_inline int parse_packet(void *data, void *data_end, struct packe
 				goto l4;
 			}
 			oh = data + off;
+			p->checks |= PKT_IP6_EXT;
 			if ((void *)(oh + 1) > data_end)
 				return L4LB_R_PASS_MALFORMED_L3;
 			if (l4proto == IPPROTO_AH)
@@ -211,6 +222,8 @@ l4:
 		p->key.sport = uh->source;
 		p->key.dport = uh->dest;
 		p->l4_hlen = sizeof(*uh);
+		if ((__u32)off + bpf_ntohs(uh->len) != (__u32)p->l3_off + p->l3_len)
+			p->checks |= PKT_UDP_LEN;
 	} else {
 		return L4LB_R_PASS_NOT_SERVICE;
 	}

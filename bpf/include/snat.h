@@ -50,11 +50,15 @@
 #include "forward.h"
 #include "hook.h"
 #include "maps.h"
+#include "nexthop.h"
 #include "parse.h"
 #include "stats.h"
 
-/* Ports tried per new binding before giving up. */
-#define SNAT_PROBES 32
+/* Ports tried per new binding before giving up: the whole range when it has
+ * at most this many ports, otherwise this many from the flow's hashed start
+ * (each try is two hash lookups; a range this full is exhausted in
+ * practice, and a packet must not buy an unbounded search). */
+#define SNAT_PROBES 256
 
 /* last_seen is refreshed when older than a sixteenth of the timeout, but at
  * least this often: accurate expiry without a write per packet to a cache
@@ -331,17 +335,71 @@ static __always_inline int nat_rewrite(const struct hook *h, const struct packet
 	return -1;
 }
 
+/* The forward and reverse tables of the main (ovf 0) or overflow (1) set;
+ * ovf is a literal at every call site. */
+#define SNAT_FWD(ovf) ((ovf) ? (void *)&snat_fwd_ovf : (void *)&snat_fwd)
+#define SNAT_REV(ovf) ((ovf) ? (void *)&snat_rev_ovf : (void *)&snat_rev)
+
+/*
+ * Is the candidate s->rk free in table set ovf for the flow of s->rv?
+ * 1: free (a dead entry of another flow was removed); 0: taken by a live
+ * binding of another flow; 2: held by this very flow (its forward half was
+ * lost), which then takes it again with its state moved on.
+ */
+static __always_inline int snat_port_state(struct snat_work *s, const int ovf)
+{
+	struct snat_rev_value *cur = bpf_map_lookup_elem(SNAT_REV(ovf), &s->rk);
+	__u8 proto = s->rk.proto;
+
+	if (!cur)
+		return 1;
+	if (snat_same_flow(cur, &s->rv)) {
+		if (snat_expired(s->now, cur->last_seen, proto, cur->state))
+			cur->state = s->rv.state;
+		else
+			cur->state = snat_next_state(proto, s->flags, cur->state, 1);
+		cur->last_seen = s->now;
+		s->rv.state = cur->state;
+		s->rv.flags = cur->flags;
+		return 2;
+	}
+	if (!snat_expired(s->now, cur->last_seen, proto, cur->state))
+		return 0;
+	/* Dead binding of another flow: its port is free again. That flow's
+	 * stale forward entry finds the port taken and moves on, should the
+	 * flow ever return. */
+	bpf_map_delete_elem(SNAT_REV(ovf), &s->rk);
+	return 1;
+}
+
+/* Claim s->rk in table set ovf once both sets said it is free: inserted
+ * with BPF_NOEXIST (atomic across CPUs), then the other set checked again,
+ * since a binding may have moved there (promotion) between the checks. */
+static __always_inline int snat_claim(struct snat_work *s, const int ovf)
+{
+	struct snat_rev_value *other;
+
+	if (bpf_map_update_elem(SNAT_REV(ovf), &s->rk, &s->rv, BPF_NOEXIST))
+		return 0;
+	other = bpf_map_lookup_elem(SNAT_REV(!ovf), &s->rk);
+	if (other && !snat_expired(s->now, other->last_seen, s->rk.proto, other->state)) {
+		bpf_map_delete_elem(SNAT_REV(ovf), &s->rk);
+		return 0;
+	}
+	return 1;
+}
+
 /*
  * Port probing for a new binding, one candidate per bpf_loop iteration (the
  * verifier checks the body once instead of once per candidate). data points
- * to the CPU's struct snat_work pointer.
+ * to the CPU's struct snat_work pointer. A candidate is free when neither
+ * table set holds a live binding on it; the binding goes to s->table.
  */
 static long snat_probe_port(__u32 i, void *data)
 {
 	struct snat_work *s = *(struct snat_work **)data;
-	struct snat_rev_value *cur;
-	__u8 proto = s->rk.proto;
 	__u32 port;
+	int m, o;
 
 	if (i >= s->range)
 		return 1;
@@ -349,27 +407,23 @@ static long snat_probe_port(__u32 i, void *data)
 	if (port >= s->range)
 		port -= s->range;
 	s->rk.snat_port = bpf_htons((__u16)(s->lo + port));
-	cur = bpf_map_lookup_elem(&snat_rev, &s->rk);
-	if (cur) {
-		if (snat_same_flow(cur, &s->rv)) {
-			/* The flow's own binding, whose forward half was lost. */
-			if (snat_expired(s->now, cur->last_seen, proto, cur->state))
-				cur->state = s->rv.state;
-			else
-				cur->state = snat_next_state(proto, s->flags, cur->state, 1);
-			cur->last_seen = s->now;
-			s->rv.state = cur->state;
-			s->claimed = 1;
-			return 1;
-		}
-		if (!snat_expired(s->now, cur->last_seen, proto, cur->state))
-			return 0;
-		/* Dead binding of another flow: its port is free again. That
-		 * flow's stale snat_fwd entry finds the port taken and moves
-		 * on, should the flow ever return. */
-		bpf_map_delete_elem(&snat_rev, &s->rk);
+	m = snat_port_state(s, 0);
+	if (m == 2) {
+		s->table = 0;
+		s->claimed = 1;
+		return 1;
 	}
-	if (bpf_map_update_elem(&snat_rev, &s->rk, &s->rv, BPF_NOEXIST) == 0) {
+	if (!m)
+		return 0;
+	o = snat_port_state(s, 1);
+	if (o == 2) {
+		s->table = 1;
+		s->claimed = 1;
+		return 1;
+	}
+	if (!o)
+		return 0;
+	if (s->table ? snat_claim(s, 1) : snat_claim(s, 0)) {
 		s->claimed = 1;
 		return 1;
 	}
@@ -386,23 +440,145 @@ static __always_inline void snat_fill_rev(struct snat_work *s, const struct pack
 	s->rv.svc_id = svc_id;
 	s->rv.last_seen = s->now;
 	s->rv.state = state;
-	s->rv.pad = 0;
+	s->rv.flags = 0;
+}
+
+/* The forward entry of the binding s->rk of p's flow to backend sel. */
+static __always_inline void snat_fill_fwd(struct snat_work *s, const struct selection *sel)
+{
+	copy16(s->fv.snat_addr, s->rk.snat_addr);
+	copy16(s->fv.backend_addr, sel->be->addr);
+	s->fv.snat_port = s->rk.snat_port;
+	s->fv.backend_port = sel->be->port;
+	s->fv.backend_id = sel->backend_id;
+	s->fv.last_seen = s->now;
+	s->fv.state = s->rv.state;
+	s->fv.pad = 0;
+}
+
+/* Return values of snat_find besides -1 (found) and reasons. */
+#define SNAT_MISS (L4LB_R_MAX + 1)
+
+/*
+ * Look for p's binding to sel's backend in table set ovf: -1 with it in
+ * s->rk (state and liveness moved on) when it is there and alive;
+ * SNAT_MISS otherwise, after removing what is dead or stale of it (its
+ * old tuple when the flow changed backend).
+ */
+static __always_inline int snat_find(const struct packet *p, const struct selection *sel, __u32 svc_id,
+				     struct snat_work *s, const int ovf)
+{
+	const struct backend *be = sel->be;
+	struct snat_fwd_value *fwd = bpf_map_lookup_elem(SNAT_FWD(ovf), &p->key);
+	struct snat_rev_value *cur;
+	__u8 proto = p->key.proto;
+
+	if (!fwd)
+		return SNAT_MISS;
+	if (fwd->backend_id == sel->backend_id && snat_addr_eq(fwd->backend_addr, be->addr) &&
+	    fwd->backend_port == be->port) {
+		copy16(s->rk.snat_addr, fwd->snat_addr);
+		s->rk.snat_port = fwd->snat_port;
+		cur = bpf_map_lookup_elem(SNAT_REV(ovf), &s->rk);
+		if (cur && snat_owns(cur, p)) {
+			if (!snat_expired(s->now, cur->last_seen, proto, cur->state)) {
+				__u32 st = snat_next_state(proto, s->flags, cur->state, 1);
+
+				if (st != cur->state)
+					cur->state = st;
+				if (st != fwd->state)
+					fwd->state = st;
+				snat_touch(&cur->last_seen, s->now, proto, st);
+				snat_touch(&fwd->last_seen, s->now, proto, st);
+				if (ovf) {
+					/* Copies for a promotion. */
+					s->rv = *cur;
+					s->fv = *fwd;
+				}
+				return -1;
+			}
+			/* Dead: replace it as if it were absent. */
+			bpf_map_delete_elem(SNAT_REV(ovf), &s->rk);
+		} else if (!cur && !snat_expired(s->now, fwd->last_seen, proto, fwd->state)) {
+			/* The reverse half was evicted: claim the port back,
+			 * unless the other set holds it now. */
+			snat_fill_rev(s, p, svc_id, snat_next_state(proto, s->flags, fwd->state, 1));
+			if (snat_claim(s, ovf)) {
+				fwd->state = s->rv.state;
+				fwd->last_seen = s->now;
+				if (ovf)
+					s->fv = *fwd;
+				return -1;
+			}
+		}
+		return SNAT_MISS;
+	}
+	/* The flow changed backend: free its old tuple if still its own. */
+	copy16(s->rk.snat_addr, fwd->snat_addr);
+	copy16(s->rk.backend_addr, fwd->backend_addr);
+	s->rk.snat_port = fwd->snat_port;
+	s->rk.backend_port = fwd->backend_port;
+	cur = bpf_map_lookup_elem(SNAT_REV(ovf), &s->rk);
+	if (cur && snat_owns(cur, p))
+		bpf_map_delete_elem(SNAT_REV(ovf), &s->rk);
+	copy16(s->rk.backend_addr, be->addr);
+	s->rk.backend_port = be->port;
+	if (ovf)
+		bpf_map_delete_elem(&snat_fwd_ovf, &p->key);
+	return SNAT_MISS;
+}
+
+/*
+ * An overflow binding that has proved itself (the backend answered, and
+ * the client sent again on an open binding) moves into the main tables,
+ * when the insert rate allows. s->rv and s->fv hold its entries.
+ */
+static __always_inline void snat_promote(const struct packet *p, struct snat_work *s)
+{
+	if (!(s->rv.flags & L4LB_SNAT_ANSWERED) || s->rv.state != L4LB_SNAT_OPEN)
+		return;
+	if (!ct_insert_allowed(s->now)) {
+		count_event(L4LB_E_SNAT_PROMOTE_LIMITED);
+		return;
+	}
+	s->rv.flags = 0;
+	if (bpf_map_update_elem(&snat_rev, &s->rk, &s->rv, BPF_NOEXIST)) {
+		struct snat_rev_value *cur = bpf_map_lookup_elem(&snat_rev, &s->rk);
+
+		/* Only a dead entry may stand in the way. */
+		if (!cur || !snat_expired(s->now, cur->last_seen, s->rk.proto, cur->state))
+			return;
+		bpf_map_delete_elem(&snat_rev, &s->rk);
+		if (bpf_map_update_elem(&snat_rev, &s->rk, &s->rv, BPF_NOEXIST))
+			return;
+	}
+	bpf_map_update_elem(&snat_fwd, &p->key, &s->fv, BPF_ANY);
+	bpf_map_delete_elem(&snat_rev_ovf, &s->rk);
+	bpf_map_delete_elem(&snat_fwd_ovf, &p->key);
+	count_event(L4LB_E_SNAT_PROMOTED);
 }
 
 /*
  * Find or make the binding of p's flow to its backend in sel. Returns -1
  * with the binding in *out (s->rk holds its SNAT address and port), or the
  * reason for not having one.
+ *
+ * Bindings live in the main tables (snat_fwd, snat_rev). A new binding
+ * goes there while the CPU is under datapath.flow_insert_rate; above it,
+ * to the overflow tables (snat_fwd_ovf, snat_rev_ovf), a smaller LRU set
+ * of their own, so that a flood of new flows (spoofed SYNs, ACKs, UDP)
+ * churns only that set and never evicts an established binding. An
+ * overflow binding works as any other and moves to the main tables once
+ * the backend has answered and the client sent again (snat_promote).
  */
 static __always_inline int snat_bind(const struct packet *p, const struct selection *sel, __u32 svc_id,
 				     struct snat_work **out)
 {
 	const struct backend *be = sel->be;
-	struct snat_fwd_value *fwd;
-	struct snat_rev_value *cur;
 	struct snat_work *s;
 	__u8 proto = p->key.proto;
 	__u32 lo = cfg_snat_port_min, hi = cfg_snat_port_max, zero = 0;
+	int r;
 
 	s = bpf_map_lookup_elem(&snat_scratch, &zero);
 	if (!s)
@@ -418,47 +594,16 @@ static __always_inline int snat_bind(const struct packet *p, const struct select
 	s->rk.proto = proto;
 	*out = s;
 
-	fwd = bpf_map_lookup_elem(&snat_fwd, &p->key);
-	if (fwd && fwd->backend_id == sel->backend_id && snat_addr_eq(fwd->backend_addr, be->addr) &&
-	    fwd->backend_port == be->port) {
-		copy16(s->rk.snat_addr, fwd->snat_addr);
-		s->rk.snat_port = fwd->snat_port;
-		cur = bpf_map_lookup_elem(&snat_rev, &s->rk);
-		if (cur && snat_owns(cur, p)) {
-			if (!snat_expired(s->now, cur->last_seen, proto, cur->state)) {
-				__u32 st = snat_next_state(proto, s->flags, cur->state, 1);
-
-				if (st != cur->state)
-					cur->state = st;
-				if (st != fwd->state)
-					fwd->state = st;
-				snat_touch(&cur->last_seen, s->now, proto, st);
-				snat_touch(&fwd->last_seen, s->now, proto, st);
-				return -1;
-			}
-			/* Dead: replace it as if it were absent. */
-			bpf_map_delete_elem(&snat_rev, &s->rk);
-		} else if (!cur && !snat_expired(s->now, fwd->last_seen, proto, fwd->state)) {
-			/* The reverse half was evicted: claim the port back. */
-			snat_fill_rev(s, p, svc_id, snat_next_state(proto, s->flags, fwd->state, 1));
-			if (bpf_map_update_elem(&snat_rev, &s->rk, &s->rv, BPF_NOEXIST) == 0) {
-				fwd->state = s->rv.state;
-				fwd->last_seen = s->now;
-				return -1;
-			}
-		}
-	} else if (fwd) {
-		/* The flow changed backend: free its old tuple if still its own. */
-		copy16(s->rk.snat_addr, fwd->snat_addr);
-		copy16(s->rk.backend_addr, fwd->backend_addr);
-		s->rk.snat_port = fwd->snat_port;
-		s->rk.backend_port = fwd->backend_port;
-		cur = bpf_map_lookup_elem(&snat_rev, &s->rk);
-		if (cur && snat_owns(cur, p))
-			bpf_map_delete_elem(&snat_rev, &s->rk);
-		copy16(s->rk.backend_addr, be->addr);
-		s->rk.backend_port = be->port;
+	r = snat_find(p, sel, svc_id, s, 0);
+	if (r != SNAT_MISS)
+		return r;
+	r = snat_find(p, sel, svc_id, s, 1);
+	if (r == -1) {
+		snat_promote(p, s);
+		return -1;
 	}
+	if (r != SNAT_MISS)
+		return r;
 
 	/* A new binding. */
 	if (hi < lo || snat_pick_addr(p->family, sel->hash, s->rk.snat_addr))
@@ -467,50 +612,91 @@ static __always_inline int snat_bind(const struct packet *p, const struct select
 	s->range = hi - lo + 1;
 	s->start = sel->hash % s->range;
 	s->claimed = 0;
+	s->table = !ct_insert_allowed(s->now);
 	snat_fill_rev(s, p, svc_id, snat_new_state(proto, s->flags));
-	bpf_loop(SNAT_PROBES, snat_probe_port, &s, 0);
+	bpf_loop(s->range < SNAT_PROBES ? s->range : SNAT_PROBES, snat_probe_port, &s, 0);
 	if (!s->claimed)
 		return L4LB_R_DROP_SNAT_EXHAUSTED;
-
-	copy16(s->fv.snat_addr, s->rk.snat_addr);
-	copy16(s->fv.backend_addr, be->addr);
-	s->fv.snat_port = s->rk.snat_port;
-	s->fv.backend_port = be->port;
-	s->fv.backend_id = sel->backend_id;
-	s->fv.last_seen = s->now;
-	s->fv.state = s->rv.state;
-	s->fv.pad = 0;
+	if (s->table)
+		count_event(L4LB_E_SNAT_OVERFLOW);
+	snat_fill_fwd(s, sel);
 	/* Should this fail, the packet still goes out; the next one finds
 	 * the reverse entry again through the probe. */
-	bpf_map_update_elem(&snat_fwd, &p->key, &s->fv, BPF_ANY);
+	if (s->table)
+		bpf_map_update_elem(&snat_fwd_ovf, &p->key, &s->fv, BPF_ANY);
+	else
+		bpf_map_update_elem(&snat_fwd, &p->key, &s->fv, BPF_ANY);
 	return -1;
 }
 
-/*
- * SNAT a client packet to the backend in sel. seg_len is what one segment's
- * L3 length is (see route_lookup). Returns the verdict; *reason is set when
- * the packet was not forwarded, or forwarded with the stack's help.
- */
-static __always_inline int snat_forward(const struct hook *h, const struct packet *p, const struct selection *sel,
-					__u32 svc_id, __u32 seg_len, int *reason)
+/* Rewrite p to src:sport -> sel's backend and send it there. */
+static __always_inline int snat_send(const struct hook *h, const struct packet *p, const struct selection *sel,
+				     const __u8 src[16], __be16 sport, __u32 seg_len, int *reason)
 {
-	struct snat_work *s;
 	struct route rt;
 	int r;
 
-	r = snat_bind(p, sel, svc_id, &s);
+	r = route_to_backend(h, p->family, src, sel->backend_id, sel->be->addr, sel->hash, p->l3_len, seg_len, &rt);
 	if (r >= 0)
 		goto drop;
-	r = route_lookup(h, p->family, s->rk.snat_addr, sel->be->addr, p->l3_len, seg_len, &rt);
-	if (r >= 0)
+	if (trim_to_l3(h, p) >= 0) {
+		r = L4LB_R_DROP_SNAT_REWRITE;
 		goto drop;
-	r = nat_rewrite(h, p, s->rk.snat_addr, s->rk.snat_port, sel->be->addr, sel->be->port);
+	}
+	r = nat_rewrite(h, p, src, sport, sel->be->addr, sel->be->port);
 	if (r >= 0)
 		goto drop;
 	return transmit(h, &rt, reason);
 drop:
 	*reason = r;
 	return hook_drop(h);
+}
+
+/*
+ * SNAT a client packet to the backend in sel. seg_len is what one segment's
+ * L3 length is (see route_lookup). Returns the verdict; *reason is set when
+ * the packet was not forwarded, or forwarded with the stack's help.
+ *
+ * Every packet looks up both halves of its binding: that is what notices a
+ * half the LRU forgot, on the very next packet, and repairs it.
+ */
+static __always_inline int snat_forward(const struct hook *h, const struct packet *p, const struct selection *sel,
+					__u32 svc_id, __u32 seg_len, int *reason)
+{
+	struct snat_work *s;
+	int r;
+
+	r = snat_bind(p, sel, svc_id, &s);
+	if (r >= 0) {
+		*reason = r;
+		return hook_drop(h);
+	}
+	return snat_send(h, p, sel, s->rk.snat_addr, s->rk.snat_port, seg_len, reason);
+}
+
+/* The live binding of a backend's reply p (s->rk its key): the main
+ * table's, or the overflow table's (*ovf set, and marked answered). */
+static __always_inline struct snat_rev_value *snat_reply_binding(const struct packet *p, struct snat_work *s,
+								 __u64 now, int *ovf)
+{
+	struct snat_rev_value *rv = bpf_map_lookup_elem(&snat_rev, &s->rk);
+
+	*ovf = 0;
+	if (rv) {
+		if (!snat_expired(now, rv->last_seen, p->key.proto, rv->state))
+			return rv;
+		/* A dead binding is forgotten; its port is free again. */
+		bpf_map_delete_elem(&snat_rev, &s->rk);
+	}
+	rv = bpf_map_lookup_elem(&snat_rev_ovf, &s->rk);
+	if (!rv)
+		return NULL;
+	if (snat_expired(now, rv->last_seen, p->key.proto, rv->state)) {
+		bpf_map_delete_elem(&snat_rev_ovf, &s->rk);
+		return NULL;
+	}
+	*ovf = 1;
+	return rv;
 }
 
 /*
@@ -524,7 +710,7 @@ static __always_inline int snat_reply(const struct hook *h, const struct packet 
 	struct snat_rev_value *rv;
 	struct snat_work *s;
 	struct route rt;
-	int reason = -1, verdict, r;
+	int reason = -1, verdict, r, ovf;
 	__u32 st, zero = 0;
 	__u64 now;
 
@@ -532,15 +718,10 @@ static __always_inline int snat_reply(const struct hook *h, const struct packet 
 	if (!s)
 		goto pass;
 	snat_reply_key(&s->rk, p);
-	rv = bpf_map_lookup_elem(&snat_rev, &s->rk);
+	now = bpf_ktime_get_coarse_ns();
+	rv = snat_reply_binding(p, s, now, &ovf);
 	if (!rv)
 		goto pass;
-	now = bpf_ktime_get_coarse_ns();
-	if (snat_expired(now, rv->last_seen, p->key.proto, rv->state)) {
-		/* A dead binding is forgotten; its port is free again. */
-		bpf_map_delete_elem(&snat_rev, &s->rk);
-		goto pass;
-	}
 	if (p->vlan) {
 		count_reason(L4LB_R_PASS_VLAN, p->l3_len);
 		return hook_pass(h);
@@ -555,12 +736,18 @@ static __always_inline int snat_reply(const struct hook *h, const struct packet 
 	if (st != rv->state)
 		rv->state = st;
 	snat_touch(&rv->last_seen, now, p->key.proto, st);
+	if (ovf && !(rv->flags & L4LB_SNAT_ANSWERED))
+		rv->flags |= L4LB_SNAT_ANSWERED;
 	/* A copy: another CPU may reuse the entry while this one works. */
 	s->rv = *rv;
 
 	r = route_lookup(h, p->family, s->rv.vip, s->rv.client_addr, p->l3_len, seg_len, &rt);
 	if (r >= 0)
 		goto drop;
+	if (trim_to_l3(h, p) >= 0) {
+		r = L4LB_R_DROP_SNAT_REWRITE;
+		goto drop;
+	}
 	r = nat_rewrite(h, p, s->rv.vip, s->rv.vip_port, s->rv.client_addr, s->rv.client_port);
 	if (r >= 0)
 		goto drop;

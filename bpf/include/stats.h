@@ -15,6 +15,15 @@ static __always_inline void count_reason(__u32 reason, __u64 bytes)
 	}
 }
 
+/* Count one event (enum l4lb_event). */
+static __always_inline void count_event(__u32 event)
+{
+	__u64 *n = bpf_map_lookup_elem(&events, &event);
+
+	if (n)
+		(*n)++;
+}
+
 /* Count one forwarded packet of len bytes; new_flow when it created an entry. */
 static __always_inline void count_forward(__u32 svc_id, __u32 backend_id, __u64 len, int new_flow)
 {

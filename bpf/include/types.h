@@ -115,7 +115,73 @@ struct ct_value {
 	__u32 svc_id;     /* service the flow was balanced in; host order */
 	__u64 last_seen;  /* bpf_ktime_get_coarse_ns() of the latest packet, refreshed at most once a second */
 	__u32 hash;       /* the flow hash's low 32 bits: outer-header entropy for encapsulation */
-	__u32 pad;
+	/* The svc_gen word of svc_id when the flow was last balanced or
+	 * checked against the service entry; 0 (entries of l4lb versions
+	 * before svc_gen) never matches. See svc_gen below. */
+	__u32 svc_word;
+};
+
+/*
+ * What a service id holds, as one word (map svc_gen, indexed by service
+ * id): generation << 8 | dispatch << 4 | mode. lb/datapath writes a new
+ * generation whenever it writes the service's entry, and on delete keeps
+ * the generation with mode 0, so that a word is never used twice for an id.
+ * A connection-table entry records the word it was balanced under; while
+ * the service's word still equals it, the entry's flow is forwarded without
+ * the service lookup (the established fast path), with the mode and
+ * dispatch the word carries. Any change to the service (mode, dispatch,
+ * source ranges, ...) thus sends each of its flows once through the full
+ * path, which checks them against the new entry.
+ */
+#define L4LB_WORD_MODE(w) ((w) & 0xf)
+#define L4LB_WORD_DISPATCH(w) (((w) >> 4) & 0xf)
+#define L4LB_WORD_GEN_SHIFT 8
+
+/* Multiplier of the frontend filter's hash (filter.h; lb/datapath). */
+#define L4LB_FILTER_MUL 0x9E3779B97F4A7C15ULL
+
+/*
+ * Next hops, resolved by the control plane from the kernel's routes,
+ * neighbours and links (lb/datapath/nexthop.go) and kept current from
+ * netlink events, so that forwarding to a backend reads two array entries
+ * instead of asking bpf_fib_lookup. The datapath asks bpf_fib_lookup only
+ * when a backend has no usable entry (counted as event fib_fallback).
+ */
+/* nexthop.flags: the neighbour's MAC is known, frames go out directly.
+ * Without it the packet takes bpf_fib_lookup, which hands it to the stack
+ * to resolve the neighbour. (lb/datapath: nhValid.) */
+#define L4LB_NH_VALID 0x1
+
+/* Value of the nexthops array, indexed by next-hop id (0 = none). */
+struct nexthop {
+	__u8 dmac[6];     /* the neighbour's MAC */
+	__u8 smac[6];     /* the egress interface's MAC */
+	__u32 ifindex;    /* egress interface; host order */
+	__u8 flags;       /* L4LB_NH_VALID */
+	__u8 family;      /* 4 or 6: of addr */
+	__u8 pad[2];      /* always 0 */
+	__u8 addr[16];    /* the neighbour (gateway or the backend itself), IPv4-mapped; for the control plane only */
+};
+
+/* Paths a backend's route may spread over (ECMP). */
+#define L4LB_NH_PATHS 8
+
+/* Value of the backend_routes array, indexed by backend id: the backend's route. */
+struct backend_route {
+	__u32 count;               /* next hops in ids; 0: not resolved, ask bpf_fib_lookup */
+	__u32 mtu;                 /* the route's MTU (its own, or the egress interface's) */
+	__u32 ids[L4LB_NH_PATHS];  /* next-hop ids; a flow takes ids[hash * count >> 32] */
+};
+
+/* Counters of what happened besides a packet's verdict (map events); the
+ * Go side names them in lb/datapath. */
+enum l4lb_event {
+	L4LB_E_FIB_FALLBACK = 0,    /* a backend had no usable cached next hop: bpf_fib_lookup asked */
+	L4LB_E_CT_INSERT_LIMITED,   /* a new flow was not recorded in the connection table: over datapath.flow_insert_rate; forwarded by Maglev alone */
+	L4LB_E_SNAT_OVERFLOW,       /* a new SNAT binding went to the overflow tables: over datapath.flow_insert_rate */
+	L4LB_E_SNAT_PROMOTED,       /* an overflow SNAT binding that proved itself moved into the main tables */
+	L4LB_E_SNAT_PROMOTE_LIMITED, /* an overflow SNAT binding ready to move stayed: over datapath.flow_insert_rate */
+	L4LB_E_MAX,
 };
 
 /* Per-CPU counters of one service or one backend. */
@@ -144,7 +210,7 @@ enum l4lb_reason {
 	L4LB_R_DROP_FRAG_NEEDED,     /* encapsulated packet exceeds the egress MTU */
 	L4LB_R_DROP_ENCAP,           /* headroom could not be grown */
 	L4LB_R_PASS_NO_TX_PORT,      /* egress interface is not in tx_ports: passed, the kernel forwards */
-	L4LB_R_DROP_SNAT_EXHAUSTED,  /* SNAT: no free (address, port) among the probed candidates */
+	L4LB_R_DROP_SNAT_EXHAUSTED,  /* SNAT: no free port for the backend: the whole range probed, or 256 ports of a larger one (snat.h) */
 	L4LB_R_PASS_TTL_EXCEEDED,    /* SNAT: TTL / hop limit would reach 0: passed, the stack answers time-exceeded */
 	L4LB_R_DROP_TTL_EXCEEDED,    /* SNAT reply whose TTL / hop limit would reach 0: dropped */
 	L4LB_R_DROP_SNAT_REWRITE,    /* SNAT: the packet could not be rewritten (a kernel helper refused) */
@@ -156,8 +222,14 @@ enum l4lb_reason {
 	L4LB_R_ICMP_ERROR_FORWARDED, /* ICMP error about a frontend's flow or a SNAT binding: sent where that flow goes */
 	L4LB_R_PASS_ICMP_QUOTE,      /* ICMP error whose quoted packet is cut short or not a TCP/UDP first fragment: passed */
 	L4LB_R_EVENT_CT_INSERT_FAILED, /* not a verdict: a flow could not be recorded in the connection table (still forwarded) */
+	L4LB_R_PASS_IP_CSUM,         /* IPv4 header checksum wrong: passed, for the stack to drop */
+	L4LB_R_PASS_IP_OPTIONS,      /* IPv4 options the kernel refuses (syntax, pointers, a repeat) or the LB does not forward (source route, CIPSO): passed */
+	L4LB_R_PASS_IPV6_EXT,        /* IPv6 extension headers the kernel refuses (hop-by-hop not first, an option past its header or one to discard, a routing header with segments left) or too long to check: passed */
+	L4LB_R_PASS_UDP_LENGTH,      /* UDP length shorter than the IP payload: passed */
+	L4LB_R_PASS_ICMP_CSUM,       /* ICMP error with a wrong checksum (or too long to check): passed */
 	L4LB_R_MAX,
 };
+
 
 /*
  * Client-IP affinity (map affinity): the backend a client of a service got
@@ -249,8 +321,13 @@ struct snat_rev_value {
 	__u32 svc_id;          /* host order */
 	__u64 last_seen;       /* bpf_ktime_get_coarse_ns() of the latest packet either way (throttled) */
 	enum l4lb_snat_state state;
-	__u32 pad;             /* always 0 */
+	/* L4LB_SNAT_ANSWERED; only entries of the overflow tables carry
+	 * flags (those of snat_rev are 0). */
+	__u32 flags;
 };
+
+/* snat_rev_value.flags of an overflow binding: the backend has answered. */
+#define L4LB_SNAT_ANSWERED 0x1
 
 /*
  * Scratch space of the SNAT paths, one per CPU (map snat_scratch): these
@@ -267,7 +344,8 @@ struct snat_work {
 	__u32 start;              /* probe: first candidate, an offset into the range */
 	__u8 flags;               /* the client packet's TCP flags */
 	__u8 claimed;             /* probe: a port was claimed */
-	__u8 pad[2];
+	__u8 table;               /* probe: the binding's table set, 0 main, 1 overflow */
+	__u8 pad;
 };
 
 /* What the backend companion did with a packet; index of its counters. */

@@ -244,3 +244,14 @@ func BuildTunnel(t testing.TB, tun Tunnel) []byte {
 	}
 	return buf.Bytes()
 }
+
+// ExtraBytes returns what frame carries after its IP packet (Ethernet
+// padding, or garbage): the bytes a forwarded packet must not keep.
+func ExtraBytes(t testing.TB, frame []byte) []byte {
+	t.Helper()
+	l := MustLayout(t, frame)
+	if l.L3+l.L3Len > len(frame) {
+		t.Fatalf("IP packet of %d bytes does not fit a %d-byte frame", l.L3Len, len(frame))
+	}
+	return frame[l.L3+l.L3Len:]
+}

@@ -128,6 +128,10 @@ func (ns *NS) Close() {
 // Path is the namespace's bind mount, for nsenter --net=PATH.
 func (ns *NS) Path() string { return filepath.Join("/run/netns", ns.Name) }
 
+// Handle returns the namespace's handle, for APIs that act inside it
+// (netlink subscriptions, datapath.Config.Netns).
+func (ns *NS) Handle() *netns.NsHandle { return &ns.handle }
+
 // Netlink returns a netlink handle bound to the namespace.
 func (ns *NS) Netlink() *netlink.Handle { return ns.nl }
 

@@ -26,6 +26,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/btf"
 	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"github.com/l4lb/l4lb/bpf"
@@ -52,8 +53,13 @@ type Config struct {
 	MaxBackends  uint32
 	ConntrackMax uint32
 	// KeepNeighbours makes the datapath keep a managed neighbour entry for
-	// every backend's next hop, so traffic never waits for ARP / ND.
+	// every backend's next hop, so traffic never waits for ARP / ND and
+	// the MACs the next-hop cache hands the datapath stay confirmed.
 	KeepNeighbours bool
+	// Netns is the network namespace whose routes, neighbours and links
+	// the next-hop cache follows: the one the datapath's interfaces are
+	// in. nil means the calling process's own (l4lbd).
+	Netns *netns.NsHandle
 	// SNATAddresses are the source addresses of SNAT-ed packets, at most
 	// MaxSNATAddresses per family; each flow gets one of its family, picked
 	// by the flow hash. When empty, Load takes the primary address of each
@@ -81,7 +87,13 @@ type Config struct {
 	// MaxSourceRanges is how many source_ranges prefixes all services hold
 	// together; 0 takes DefaultMaxSourceRanges.
 	MaxSourceRanges uint32
-	Log             *slog.Logger
+	// FlowInsertRate is how many new connection-table entries each CPU
+	// may make per second (in bursts of up to a second's worth); above
+	// it a new flow is forwarded by Maglev alone, unrecorded, so that a
+	// flood of packets of unknown flows cannot evict established ones.
+	// 0 means no limit. l4lbd passes datapath.flow_insert_rate.
+	FlowInsertRate uint32
+	Log            *slog.Logger
 }
 
 // Default encapsulation source prefixes. 172.16.0.0/16 and 100::/64 (the
@@ -110,6 +122,8 @@ type LB struct {
 	snatRev      *ebpf.Map
 	affinity     *ebpf.Map
 	srcRanges    *ebpf.Map
+	svcGen       *ebpf.Map
+	events       *ebpf.Map
 	svcStats     *ebpf.Map
 	backendStats *ebpf.Map
 	reasons      *ebpf.Map
@@ -117,14 +131,30 @@ type LB struct {
 	inner        *ebpf.MapSpec
 
 	reasonNames []string
+	eventNames  []string
 	cpus        int
-	counts      entryCounts
+	// words hands out svc_gen words, filter keeps vip_filter (filter.go).
+	words  *svcWords
+	filter *vipFilter
+	counts entryCounts
 	// ranges is what src_ranges holds, by service id (ranges.go).
 	ranges *rangeCache
 
 	mu    sync.Mutex
 	links map[string]link.Link
-	neigh *neighbours
+	// nh is the next-hop cache (nexthop.go).
+	nh *nextHops
+	// legacy are maps an earlier l4lbd pinned under old names, until
+	// Retire (migrate.go).
+	legacy []legacyMap
+}
+
+// closeLegacy releases the old-named maps without unpinning them.
+func (d *LB) closeLegacy() {
+	for _, l := range d.legacy {
+		l.m.Close()
+	}
+	d.legacy = nil
 }
 
 const linkDir = "links"
@@ -150,25 +180,15 @@ func Load(cfg Config) (*LB, error) {
 		return nil, fmt.Errorf("datapath: max_backends %d does not fit the health-probe mark (at most %d)", cfg.MaxBackends, ^HealthMarkMask-1)
 	}
 	cfg = withPolicyDefaults(resolveSNATAddresses(withSNATDefaults(cfg)))
-	spec, err := bpf.LoadLb()
+	spec, cpus, err := sizedSpec(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("datapath: read embedded LB object: %w", err)
-	}
-	cpus, err := ebpf.PossibleCPU()
-	if err != nil {
-		return nil, fmt.Errorf("datapath: count CPUs: %w", err)
-	}
-	if err := configure(spec, cfg); err != nil {
 		return nil, err
 	}
-	// LRU maps with per-CPU lists are rounded up by the kernel to a
-	// multiple of the CPU count; ask for that size, or a restarted daemon
-	// would find its own pinned maps "incompatible".
-	for name, n := range map[string]uint32{bpf.LbMapSnatFwd: cfg.SNATMax, bpf.LbMapSnatRev: cfg.SNATMax, bpf.LbMapConntrack: cfg.ConntrackMax,
-		bpf.LbMapAffinity: cfg.AffinityMax} {
-		spec.Maps[name].MaxEntries = perCPURound(n, cpus)
-	}
 	names, err := enumNames(spec.Types, "l4lb_reason", "L4LB_R_")
+	if err != nil {
+		return nil, err
+	}
+	events, err := enumNames(spec.Types, "l4lb_event", "L4LB_E_")
 	if err != nil {
 		return nil, err
 	}
@@ -192,12 +212,15 @@ func Load(cfg Config) (*LB, error) {
 		snatRev:      coll.Maps[bpf.LbMapSnatRev],
 		affinity:     coll.Maps[bpf.LbMapAffinity],
 		srcRanges:    coll.Maps[bpf.LbMapSrcRanges],
+		svcGen:       coll.Maps[bpf.LbMapSvcGen],
+		events:       coll.Maps[bpf.LbMapEvents],
 		svcStats:     coll.Maps[bpf.LbMapSvcStats],
 		backendStats: coll.Maps[bpf.LbMapBackendStats],
 		reasons:      coll.Maps[bpf.LbMapReasons],
 		txPorts:      coll.Maps[bpf.LbMapTxPorts],
 		inner:        spec.Maps[bpf.LbMapMaglev].InnerMap.Copy(),
 		reasonNames:  names,
+		eventNames:   events,
 		cpus:         cpus,
 		links:        map[string]link.Link{},
 	}
@@ -205,10 +228,52 @@ func Load(cfg Config) (*LB, error) {
 		coll.Close()
 		return nil, err
 	}
-	if cfg.KeepNeighbours {
-		d.neigh = newNeighbours(cfg.Log)
+	if err := d.adoptServices(); err != nil {
+		coll.Close()
+		return nil, err
+	}
+	if err := d.migrate(); err != nil {
+		d.closeLegacy()
+		coll.Close()
+		return nil, err
+	}
+	if d.nh, err = newNextHops(cfg.Log, cfg.Netns, cfg.KeepNeighbours, coll.Maps[bpf.LbMapBackendRoutes],
+		coll.Maps[bpf.LbMapNexthops], cfg.MaxBackends); err != nil {
+		coll.Close()
+		return nil, err
+	}
+	if err := d.adoptBackends(); err != nil {
+		d.nh.close()
+		coll.Close()
+		return nil, err
 	}
 	return d, nil
+}
+
+// sizedSpec is the LB object with cfg's load-time constants and map sizes
+// set, exactly as Load creates it, and the number of possible CPUs.
+func sizedSpec(cfg Config) (*ebpf.CollectionSpec, int, error) {
+	spec, err := bpf.LoadLb()
+	if err != nil {
+		return nil, 0, fmt.Errorf("datapath: read embedded LB object: %w", err)
+	}
+	cpus, err := ebpf.PossibleCPU()
+	if err != nil {
+		return nil, 0, fmt.Errorf("datapath: count CPUs: %w", err)
+	}
+	if err := configure(spec, cfg); err != nil {
+		return nil, 0, err
+	}
+	for name, n := range map[string]uint32{bpf.LbMapSnatFwd: cfg.SNATMax, bpf.LbMapSnatRev: cfg.SNATMax,
+		bpf.LbMapSnatFwdOvf: snatOverflowMax(cfg.SNATMax), bpf.LbMapSnatRevOvf: snatOverflowMax(cfg.SNATMax)} {
+		spec.Maps[name].MaxEntries = n
+	}
+	// An LRU with per-CPU lists (affinity) is rounded up by the kernel to
+	// a multiple of the CPU count; ask for that size, or a restarted
+	// daemon would find its own pinned map "incompatible".
+	spec.Maps[bpf.LbMapAffinity].MaxEntries = perCPURound(cfg.AffinityMax, cpus)
+	pinRenamed(spec)
+	return spec, cpus, nil
 }
 
 // newCollection loads spec, pinning its maps under pinPath (creating it and
@@ -251,7 +316,8 @@ func checkBPFFS(dir string) error {
 		return fmt.Errorf("statfs %s: %w", dir, err)
 	}
 	if uint32(st.Type) != unix.BPF_FS_MAGIC {
-		return fmt.Errorf("%s is not on a bpffs mount; mount one with `mount -t bpf bpf /sys/fs/bpf` (systemd does this at boot)", dir)
+		return fmt.Errorf("%s is not on a bpffs mount; mount one with `mount -t bpf bpf /sys/fs/bpf` (systemd does this at boot). "+
+			"Under `ip netns exec`, which mounts a /sys of its own and so hides the host's bpffs, start l4lbd with `nsenter --net=/run/netns/NAME` instead", dir)
 	}
 	return nil
 }
@@ -287,6 +353,8 @@ func configure(spec *ebpf.CollectionSpec, cfg Config) error {
 		return err
 	}
 	maps.Copy(vars, icmp)
+	maps.Copy(vars, insertVars(cfg.FlowInsertRate))
+	vars[bpf.LbVarCfgVipFilterMask] = filterWords(cfg.MaxServices) - 1
 	for name, v := range vars {
 		vs, ok := spec.Variables[name]
 		if !ok {
@@ -297,13 +365,17 @@ func configure(spec *ebpf.CollectionSpec, cfg Config) error {
 		}
 	}
 	sizes := map[string]uint32{
-		bpf.LbMapServices:     cfg.MaxServices,
-		bpf.LbMapMaglev:       cfg.MaxServices + 1,
-		bpf.LbMapSvcStats:     cfg.MaxServices + 1,
-		bpf.LbMapBackends:     cfg.MaxBackends + 1,
-		bpf.LbMapBackendStats: cfg.MaxBackends + 1,
-		bpf.LbMapConntrack:    cfg.ConntrackMax,
-		bpf.LbMapSrcRanges:    cfg.MaxSourceRanges,
+		bpf.LbMapServices:      cfg.MaxServices,
+		bpf.LbMapMaglev:        cfg.MaxServices + 1,
+		bpf.LbMapSvcStats:      cfg.MaxServices + 1,
+		bpf.LbMapSvcGen:        cfg.MaxServices + 1,
+		bpf.LbMapVipFilter:     filterWords(cfg.MaxServices),
+		bpf.LbMapBackends:      cfg.MaxBackends + 1,
+		bpf.LbMapBackendStats:  cfg.MaxBackends + 1,
+		bpf.LbMapBackendRoutes: cfg.MaxBackends + 1,
+		bpf.LbMapNexthops:      cfg.MaxBackends + 1,
+		bpf.LbMapConntrack:     cfg.ConntrackMax,
+		bpf.LbMapSrcRanges:     cfg.MaxSourceRanges,
 	}
 	for name, n := range sizes {
 		spec.Maps[name].MaxEntries = n
@@ -371,36 +443,8 @@ func (d *LB) Close() error {
 		}
 	}
 	d.links = map[string]link.Link{}
-	if d.neigh != nil {
-		d.neigh.close()
-	}
+	d.nh.close()
+	d.closeLegacy()
 	d.coll.Close()
-	return errors.Join(errs...)
-}
-
-// Cleanup detaches every link pinned under pinPath and removes every pin
-// and the directory itself: `l4lbd --cleanup`. It is safe to run when
-// nothing is there.
-func Cleanup(pinPath string) error {
-	if pinPath == "" {
-		return errors.New("datapath: cleanup needs the bpffs directory")
-	}
-	var errs []error
-	links, _ := filepath.Glob(filepath.Join(pinPath, linkDir, "*"))
-	for _, p := range links {
-		l, err := link.LoadPinnedLink(p, nil)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("load pinned link %s: %w", p, err))
-			continue
-		}
-		if err := l.Unpin(); err != nil {
-			errs = append(errs, fmt.Errorf("unpin %s: %w", p, err))
-		}
-		// Closing the last reference to an unpinned link detaches it.
-		l.Close()
-	}
-	if err := os.RemoveAll(pinPath); err != nil && !errors.Is(err, os.ErrNotExist) {
-		errs = append(errs, fmt.Errorf("remove %s: %w", pinPath, err))
-	}
 	return errors.Join(errs...)
 }

@@ -81,7 +81,8 @@ func newTrafficTopo(t *testing.T, k hook) *trafficTopo {
 	var err error
 	tp.lb, err = datapath.Load(datapath.Config{
 		Seed: testSeed, MaxServices: 16, MaxBackends: 64, ConntrackMax: 4096,
-		Log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		Netns: tp.box.Handle(),
+		Log:   slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	})
 	if err != nil {
 		t.Fatalf("load datapath: %v", err)

@@ -31,3 +31,18 @@ func icmpVars(rate uint32) (map[string]any, error) {
 		bpf.LbVarCfgIcmpBurstNs:    burst,
 	}, nil
 }
+
+// insertVars returns the load-time constants of the connection-table
+// insert limiter for rate new entries per second per CPU, in bursts of up
+// to a second's worth. Rate 0 makes the interval 0: no limit.
+func insertVars(rate uint32) map[string]any {
+	var interval, burst uint64
+	if rate > 0 {
+		interval = uint64(time.Second) / uint64(rate)
+		burst = uint64(rate-1) * interval
+	}
+	return map[string]any{
+		bpf.LbVarCfgInsertIntervalNs: interval,
+		bpf.LbVarCfgInsertBurstNs:    burst,
+	}
+}

@@ -166,6 +166,11 @@ func (d *LB) SetService(id reconciler.ServiceID, svc lb.Service) error {
 	if err != nil {
 		return fmt.Errorf("service %s: %w", svc.Frontend, err)
 	}
+	// The filter first: it must never hide a frontend that has an entry.
+	if err := d.filter.add(svc.Frontend); err != nil {
+		d.undoRanges(added)
+		return fmt.Errorf("service %s: %w", svc.Frontend, err)
+	}
 	k := svcKey(svc.Frontend)
 	if err := d.services.Update(&k, &v, ebpf.UpdateAny); err != nil {
 		d.undoRanges(added)
@@ -178,6 +183,12 @@ func (d *LB) SetService(id reconciler.ServiceID, svc lb.Service) error {
 		// The entry is written; the next pass prunes again.
 		return fmt.Errorf("service %s: %w", svc.Frontend, err)
 	}
+	// Last: the new word sends every established flow of the service once
+	// through the full path, which checks it against the entry just
+	// written (mode, dispatch, source ranges).
+	if err := d.words.set(uint32(id), v.Mode, v.Dispatch); err != nil {
+		return fmt.Errorf("service %s: %w", svc.Frontend, err)
+	}
 	return nil
 }
 
@@ -188,6 +199,13 @@ func (d *LB) DeleteService(id reconciler.ServiceID, fe lb.Frontend) error {
 	k := svcKey(fe)
 	if err := d.services.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return fmt.Errorf("delete service entry %s: %w", fe, err)
+	}
+	// Its flows' entries no longer pass the fast path's check.
+	if err := d.words.retire(uint32(id)); err != nil {
+		return fmt.Errorf("service %s: %w", fe, err)
+	}
+	if err := d.filter.remove(fe); err != nil {
+		return fmt.Errorf("service %s: %w", fe, err)
 	}
 	d.ranges.mu.Lock()
 	err := d.pruneRanges(id, nil)
@@ -213,12 +231,17 @@ func (d *LB) SetBackend(id reconciler.BackendID, b reconciler.Backend) error {
 	if b.Addr.Addr().Is4() {
 		v.Family = 4
 	}
-	if b.State == lb.Draining {
+	switch b.State {
+	case lb.Draining:
 		v.Flags |= bpf.LbL4lbBackendFlagsL4LB_BACKEND_DRAINING
+	case lb.Disabled:
+		// In use (flags not 0), but without ACTIVE no connection-table
+		// hit is honoured, so its flows move; DRAINING keeps session
+		// affinity away from it; no Maglev table names it.
+		v.Flags = bpf.LbL4lbBackendFlagsL4LB_BACKEND_DRAINING
 	}
-	if d.neigh != nil {
-		d.neigh.add(uint32(id), b.Addr.Addr())
-	}
+	// Its route before the entry that makes it reachable.
+	d.nh.add(uint32(id), b.Addr.Addr())
 	key := uint32(id)
 	if err := d.backends.Update(&key, &v, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("write backend %d (%s): %w", id, b.Addr, err)
@@ -234,9 +257,7 @@ func (d *LB) DeleteBackend(id reconciler.BackendID) error {
 	if err := d.backends.Update(&key, &zero, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("clear backend %d: %w", id, err)
 	}
-	if d.neigh != nil {
-		d.neigh.remove(uint32(id))
-	}
+	d.nh.remove(uint32(id))
 	return d.zeroStats(d.backendStats, key)
 }
 
@@ -445,3 +466,58 @@ func (d *LB) zeroStats(m *ebpf.Map, key uint32) error {
 
 // isFull reports a hash map at capacity (the kernel answers E2BIG).
 func isFull(err error) bool { return errors.Is(err, unix.E2BIG) }
+
+// adoptServices reads the service entries an earlier l4lbd left (none on a
+// fresh start) and makes the frontend filter and the service words agree
+// with them, before any program of this datapath runs.
+func (d *LB) adoptServices() error {
+	var (
+		k bpf.LbSvcKey
+		v bpf.LbSvcValue
+	)
+	var fes []lb.Frontend
+	live := map[uint32]bpf.LbSvcValue{}
+	it := d.services.Iterate()
+	for it.Next(&k, &v) {
+		fes = append(fes, lb.Frontend{Addr: netip.AddrFrom16(k.Addr).Unmap(), Port: ntohs(k.Port), Proto: lb.Protocol(k.Proto)})
+		live[v.Id] = v
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("datapath: read service map: %w", err)
+	}
+	words, err := readSVCWords(d.svcGen)
+	if err != nil {
+		return fmt.Errorf("datapath: %w", err)
+	}
+	if err := words.ensure(live); err != nil {
+		return fmt.Errorf("datapath: %w", err)
+	}
+	d.words = words
+	d.filter = newVIPFilter(d.coll.Maps[bpf.LbMapVipFilter], filterWords(d.cfg.MaxServices)-1)
+	if err := d.filter.rebuild(fes); err != nil {
+		return fmt.Errorf("datapath: %w", err)
+	}
+	return nil
+}
+
+// adoptBackends resolves the routes of the backends an earlier l4lbd
+// programmed (none on a fresh start): the reconciler adopts them without
+// writing them again, and their next hops must follow the kernel all the
+// same.
+func (d *LB) adoptBackends() error {
+	var (
+		k uint32
+		v bpf.LbBackend
+	)
+	it := d.backends.Iterate()
+	for it.Next(&k, &v) {
+		if v.Flags != 0 {
+			d.nh.add(k, netip.AddrFrom16(v.Addr).Unmap())
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("datapath: read backend map: %w", err)
+	}
+	d.nh.settle()
+	return nil
+}

@@ -3,15 +3,24 @@
 package datapath_test
 
 import (
+	"bytes"
+	"encoding/binary"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"sort"
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"github.com/google/go-cmp/cmp"
+	"golang.org/x/sys/unix"
+
+	"github.com/l4lb/l4lb/bpf"
+	"github.com/l4lb/l4lb/lb/maglev"
 
 	"github.com/l4lb/l4lb/internal/testnet"
 	"github.com/l4lb/l4lb/lb"
@@ -164,5 +173,153 @@ func TestRestartAffinityAndSourceRanges(t *testing.T) {
 		if s.Service.Frontend == web.Frontend && !cmp.Equal(s.Service.SourceRanges, prefixes("10.0.0.0/8"), cmp.Comparer(func(a, b netip.Prefix) bool { return a == b })) {
 			t.Errorf("after the change %s holds %v, want only 10.0.0.0/8", web.Frontend, s.Service.SourceRanges)
 		}
+	}
+}
+
+// TestMigrateOldLayouts upgrades from a datapath that pinned its connection
+// and SNAT tables as per-CPU LRU maps under their old names: the new one
+// pins shared LRUs under new names, moves every entry into them when it
+// loads, moves what the old program added later on Retire, and then unpins
+// the old maps.
+func TestMigrateOldLayouts(t *testing.T) {
+	testnet.RequireRoot(t)
+	dir, err := os.MkdirTemp("/sys/fs/bpf", "l4lb-migrate-test-")
+	if err != nil {
+		t.Fatalf("bpffs directory: %v", err)
+	}
+	t.Cleanup(func() { datapath.Cleanup(dir) })
+
+	// What an l4lbd of the previous layout left pinned.
+	cpus, err := ebpf.PossibleCPU()
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := map[string]*ebpf.MapSpec{
+		"conntrack": {Type: ebpf.LRUHash, KeySize: uint32(binary.Size(bpf.LbFlowKey{})), ValueSize: uint32(binary.Size(bpf.LbCtValue{}))},
+		"snat_fwd":  {Type: ebpf.LRUHash, KeySize: uint32(binary.Size(bpf.LbFlowKey{})), ValueSize: uint32(binary.Size(bpf.LbSnatFwdValue{}))},
+		"snat_rev":  {Type: ebpf.LRUHash, KeySize: uint32(binary.Size(bpf.LbSnatRevKey{})), ValueSize: uint32(binary.Size(bpf.LbSnatRevValue{}))},
+	}
+	// The reasons of that version: one value per CPU for 25 reasons.
+	old["reasons"] = &ebpf.MapSpec{Type: ebpf.PerCPUArray, KeySize: 4, ValueSize: uint32(binary.Size(bpf.LbReasonStats{})), MaxEntries: 25}
+	oldMaps := map[string]*ebpf.Map{}
+	for name, spec := range old {
+		spec.Name = name
+		if spec.Type == ebpf.LRUHash {
+			spec.MaxEntries, spec.Flags = uint32(1024*cpus), unix.BPF_F_NO_COMMON_LRU
+		}
+		spec.Pinning = ebpf.PinByName
+		m, err := ebpf.NewMapWithOptions(spec, ebpf.MapOptions{PinPath: dir})
+		if err != nil {
+			t.Fatalf("create the old %s: %v", name, err)
+		}
+		t.Cleanup(func() { m.Close() })
+		oldMaps[name] = m
+	}
+	flowKey := func(port uint16) bpf.LbFlowKey {
+		k := maglev.FlowKey(flowTo(lb.Frontend{Addr: vip4, Port: 80, Proto: lb.TCP}, client4, port))
+		var fk bpf.LbFlowKey
+		if err := binary.Read(bytes.NewReader(k[:]), binary.NativeEndian, &fk); err != nil {
+			t.Fatal(err)
+		}
+		return fk
+	}
+	ct := bpf.LbCtValue{BackendId: 7, SvcId: 3, LastSeen: 12345, Hash: 0xabcdef}
+	fwd := bpf.LbSnatFwdValue{BackendId: 7, SnatPort: htons(40000), LastSeen: 999}
+	revKey := bpf.LbSnatRevKey{SnatPort: htons(40000), Proto: 6}
+	rev := bpf.LbSnatRevValue{SvcId: 3, ClientPort: htons(1000), LastSeen: 999}
+	for i := range uint16(100) {
+		k := flowKey(1000 + i)
+		if err := oldMaps["conntrack"].Put(&k, &ct); err != nil {
+			t.Fatal(err)
+		}
+	}
+	k0 := flowKey(1000)
+	if err := oldMaps["snat_fwd"].Put(&k0, &fwd); err != nil {
+		t.Fatal(err)
+	}
+	if err := oldMaps["snat_rev"].Put(&revKey, &rev); err != nil {
+		t.Fatal(err)
+	}
+	notService := uint32(1) // L4LB_R_PASS_NOT_SERVICE, the same index in both versions
+	perCPU := make([]bpf.LbReasonStats, cpus)
+	perCPU[0] = bpf.LbReasonStats{Packets: 41, Bytes: 4100}
+	if err := oldMaps["reasons"].Put(&notService, perCPU); err != nil {
+		t.Fatal(err)
+	}
+
+	d, err := datapath.Load(datapath.Config{
+		PinPath: dir, Seed: testSeed, MaxServices: 16, MaxBackends: 64, ConntrackMax: 4096,
+		SNATAddresses: []netip.Addr{lbAddr4, lbAddr6}, Log: slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		t.Fatalf("load over the old layout: %v", err)
+	}
+	defer d.Close()
+	maps := d.Maps()
+	if n, err := d.ConntrackEntries(); err != nil || n != 100 {
+		t.Errorf("connection table after the load: %d entries (%v), want the 100 moved", n, err)
+	}
+	var got bpf.LbCtValue
+	if err := maps[bpf.LbMapConntrack].Lookup(&k0, &got); err != nil || got != ct {
+		t.Errorf("moved connection entry %+v (%v), want %+v", got, err, ct)
+	}
+	var gf bpf.LbSnatFwdValue
+	if err := maps[bpf.LbMapSnatFwd].Lookup(&k0, &gf); err != nil || gf != fwd {
+		t.Errorf("moved SNAT forward entry %+v (%v), want %+v", gf, err, fwd)
+	}
+	var gr bpf.LbSnatRevValue
+	if err := maps[bpf.LbMapSnatRev].Lookup(&revKey, &gr); err != nil || gr != rev {
+		t.Errorf("moved SNAT reverse entry %+v (%v), want %+v", gr, err, rev)
+	}
+	if r, err := d.Reasons(); err != nil || r["pass_not_service"].Packets != 41 {
+		t.Errorf("reason counters after the load: pass_not_service %+v (%v), want the old 41 packets", r["pass_not_service"], err)
+	}
+	for name, m := range maps {
+		if name == bpf.LbMapConntrack || name == bpf.LbMapSnatFwd || name == bpf.LbMapSnatRev {
+			if info, err := m.Info(); err != nil || info.Flags&unix.BPF_F_NO_COMMON_LRU != 0 {
+				t.Errorf("%s: flags %#x (%v), want a shared LRU", name, info.Flags, err)
+			}
+		}
+	}
+
+	// The old program adds a flow, and its entry in the new table is
+	// newer than the old map's copy: Retire moves the first and keeps
+	// the second.
+	late := flowKey(5000)
+	if err := oldMaps["conntrack"].Put(&late, &ct); err != nil {
+		t.Fatal(err)
+	}
+	newer := ct
+	newer.BackendId = 8
+	if err := maps[bpf.LbMapConntrack].Put(&k0, &newer); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Retire(); err != nil {
+		t.Fatalf("retire the old maps: %v", err)
+	}
+	if err := maps[bpf.LbMapConntrack].Lookup(&late, &got); err != nil {
+		t.Errorf("the entry the old program added after the load was not moved: %v", err)
+	}
+	if err := maps[bpf.LbMapConntrack].Lookup(&k0, &got); err != nil || got.BackendId != 8 {
+		t.Errorf("Retire overwrote a newer entry: %+v (%v)", got, err)
+	}
+	for name := range old {
+		if _, err := os.Stat(filepath.Join(dir, name)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("old map %s still pinned after Retire (%v)", name, err)
+		}
+	}
+
+	// A restart now finds only the new layout.
+	d.Close()
+	d2, err := datapath.Load(datapath.Config{
+		PinPath: dir, Seed: testSeed, MaxServices: 16, MaxBackends: 64, ConntrackMax: 4096,
+		SNATAddresses: []netip.Addr{lbAddr4, lbAddr6}, Log: slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		t.Fatalf("reload: %v", err)
+	}
+	defer d2.Close()
+	if n, err := d2.ConntrackEntries(); err != nil || n != 101 {
+		t.Errorf("connection table after the restart: %d entries (%v), want 101", n, err)
 	}
 }

@@ -26,20 +26,29 @@ func size(v any) int { return binary.Size(v) }
 // slip past it.
 var (
 	lbLayouts = map[string]mapLayout{
-		bpf.LbMapServices:     {size(bpf.LbSvcKey{}), size(bpf.LbSvcValue{})},
-		bpf.LbMapBackends:     {size(uint32(0)), size(bpf.LbBackend{})},
-		bpf.LbMapMaglev:       {size(uint32(0)), size(uint32(0))}, // value: an inner map
-		bpf.LbMapConntrack:    {size(bpf.LbFlowKey{}), size(bpf.LbCtValue{})},
-		bpf.LbMapSvcStats:     {size(uint32(0)), size(bpf.LbLbStats{})},
-		bpf.LbMapBackendStats: {size(uint32(0)), size(bpf.LbLbStats{})},
-		bpf.LbMapReasons:      {size(uint32(0)), size(bpf.LbReasonStats{})},
-		bpf.LbMapTxPorts:      {size(uint32(0)), size(uint32(0))},
-		bpf.LbMapSnatFwd:      {size(bpf.LbFlowKey{}), size(bpf.LbSnatFwdValue{})},
-		bpf.LbMapSnatRev:      {size(bpf.LbSnatRevKey{}), size(bpf.LbSnatRevValue{})},
-		bpf.LbMapSnatScratch:  {size(uint32(0)), size(bpf.LbSnatWork{})},
-		bpf.LbMapAffinity:     {size(bpf.LbAffinityKey{}), size(bpf.LbAffinityValue{})},
-		bpf.LbMapSrcRanges:    {size(bpf.LbSrcRangeKey{}), size(uint8(0))},
-		bpf.LbMapIcmpBuckets:  {size(uint32(0)), size(bpf.LbIcmpBucket{})},
+		bpf.LbMapServices:        {size(bpf.LbSvcKey{}), size(bpf.LbSvcValue{})},
+		bpf.LbMapBackends:        {size(uint32(0)), size(bpf.LbBackend{})},
+		bpf.LbMapMaglev:          {size(uint32(0)), size(uint32(0))}, // value: an inner map
+		bpf.LbMapConntrack:       {size(bpf.LbFlowKey{}), size(bpf.LbCtValue{})},
+		bpf.LbMapSvcStats:        {size(uint32(0)), size(bpf.LbLbStats{})},
+		bpf.LbMapBackendStats:    {size(uint32(0)), size(bpf.LbLbStats{})},
+		bpf.LbMapReasons:         {size(uint32(0)), size(bpf.LbReasonStats{})},
+		bpf.LbMapTxPorts:         {size(uint32(0)), size(uint32(0))},
+		bpf.LbMapSnatFwd:         {size(bpf.LbFlowKey{}), size(bpf.LbSnatFwdValue{})},
+		bpf.LbMapSnatRev:         {size(bpf.LbSnatRevKey{}), size(bpf.LbSnatRevValue{})},
+		bpf.LbMapSnatFwdOvf:      {size(bpf.LbFlowKey{}), size(bpf.LbSnatFwdValue{})},
+		bpf.LbMapSnatRevOvf:      {size(bpf.LbSnatRevKey{}), size(bpf.LbSnatRevValue{})},
+		bpf.LbMapSnatScratch:     {size(uint32(0)), size(bpf.LbSnatWork{})},
+		bpf.LbMapValidateScratch: {size(uint32(0)), size(bpf.LbWalk{})},
+		bpf.LbMapAffinity:        {size(bpf.LbAffinityKey{}), size(bpf.LbAffinityValue{})},
+		bpf.LbMapSrcRanges:       {size(bpf.LbSrcRangeKey{}), size(uint8(0))},
+		bpf.LbMapIcmpBuckets:     {size(uint32(0)), size(bpf.LbIcmpBucket{})},
+		bpf.LbMapInsertBuckets:   {size(uint32(0)), size(bpf.LbIcmpBucket{})},
+		bpf.LbMapSvcGen:          {size(uint32(0)), size(uint32(0))},
+		bpf.LbMapVipFilter:       {size(uint32(0)), size(uint64(0))},
+		bpf.LbMapEvents:          {size(uint32(0)), size(uint64(0))},
+		bpf.LbMapBackendRoutes:   {size(uint32(0)), size(bpf.LbBackendRoute{})},
+		bpf.LbMapNexthops:        {size(uint32(0)), size(bpf.LbNexthop{})},
 	}
 	// One Maglev chunk: maglevChunk backend ids.
 	maglevInnerLayout = mapLayout{size(uint32(0)), datapath.MaglevChunk * size(uint32(0))}

@@ -3,6 +3,7 @@
 package datapath
 
 import (
+	"errors"
 	"github.com/cilium/ebpf"
 
 	"encoding/binary"
@@ -122,6 +123,11 @@ func snatVars(cfg Config) (map[string]any, error) {
 	}, nil
 }
 
+// snatOverflowMax is the size of each SNAT overflow table (bindings made
+// over datapath.flow_insert_rate): a quarter of the main tables, at least
+// 1024.
+func snatOverflowMax(snatMax uint32) uint32 { return max(1024, snatMax/4) }
+
 // perCPURound is what the kernel makes of n entries for an LRU map with
 // per-CPU lists: a multiple of the CPU count. Asking for that size up front
 // lets a restarted l4lbd adopt the pinned map, whose size it compares.
@@ -161,38 +167,50 @@ func (d *LB) snatReady(svc lb.Service) error {
 // SNATAddresses are the SNAT source addresses the datapath uses.
 func (d *LB) SNATAddresses() []netip.Addr { return slices.Clone(d.cfg.SNATAddresses) }
 
-// SNATEntries counts the entries of the SNAT tables by walking them: flows
-// in the forward table (client flows with a binding) and ports in the
-// reverse table (claimed source tuples). A binding past its timeout counts
-// until a flow reuses its port or the LRU evicts it. Poll sparingly.
+// SNATEntries counts the entries of the SNAT tables, main and overflow
+// together, by walking them: flows in the forward tables (client flows with
+// a binding) and ports in the reverse tables (claimed source tuples). A
+// binding past its timeout counts until a flow reuses its port or the LRU
+// evicts it. Poll sparingly.
 func (d *LB) SNATEntries() (flows, ports int, err error) { return d.SNATEntriesWithin(0) }
 
 // SNATEntriesWithin is SNATEntries accepting counts at most maxAge old
 // (see ConntrackEntriesWithin).
 func (d *LB) SNATEntriesWithin(maxAge time.Duration) (flows, ports int, err error) {
-	flows, err = d.counts.count(d.snatFwd, maxAge, func(cur *ebpf.MapBatchCursor) (int, error) {
-		var (
-			k [countBatch]bpf.LbFlowKey
-			v [countBatch]bpf.LbSnatFwdValue
-		)
-		return d.snatFwd.BatchLookup(cur, k[:], v[:], nil)
-	})
-	if err != nil {
-		return flows, 0, err
+	fwd := func(m *ebpf.Map) (int, error) {
+		return d.counts.count(m, maxAge, func(cur *ebpf.MapBatchCursor) (int, error) {
+			var (
+				k [countBatch]bpf.LbFlowKey
+				v [countBatch]bpf.LbSnatFwdValue
+			)
+			return m.BatchLookup(cur, k[:], v[:], nil)
+		})
 	}
-	ports, err = d.counts.count(d.snatRev, maxAge, func(cur *ebpf.MapBatchCursor) (int, error) {
-		var (
-			k [countBatch]bpf.LbSnatRevKey
-			v [countBatch]bpf.LbSnatRevValue
-		)
-		return d.snatRev.BatchLookup(cur, k[:], v[:], nil)
-	})
-	return flows, ports, err
+	rev := func(m *ebpf.Map) (int, error) {
+		return d.counts.count(m, maxAge, func(cur *ebpf.MapBatchCursor) (int, error) {
+			var (
+				k [countBatch]bpf.LbSnatRevKey
+				v [countBatch]bpf.LbSnatRevValue
+			)
+			return m.BatchLookup(cur, k[:], v[:], nil)
+		})
+	}
+	var errs [4]error
+	var n [4]int
+	n[0], errs[0] = fwd(d.snatFwd)
+	n[1], errs[1] = fwd(d.coll.Maps[bpf.LbMapSnatFwdOvf])
+	n[2], errs[2] = rev(d.snatRev)
+	n[3], errs[3] = rev(d.coll.Maps[bpf.LbMapSnatRevOvf])
+	return n[0] + n[1], n[2] + n[3], errors.Join(errs[:]...)
 }
 
-// SNATCapacity is the size of each SNAT table (datapath.snat_max, rounded
-// up to a multiple of the CPU count as the kernel does).
+// SNATCapacity is the size of each main SNAT table (datapath.snat_max),
+// shared by all CPUs. The overflow tables, which hold bindings made over
+// datapath.flow_insert_rate, have SNATOverflowCapacity each.
 func (d *LB) SNATCapacity() uint32 { return d.snatFwd.MaxEntries() }
+
+// SNATOverflowCapacity is the size of each SNAT overflow table.
+func (d *LB) SNATOverflowCapacity() uint32 { return d.coll.Maps[bpf.LbMapSnatFwdOvf].MaxEntries() }
 
 // InterfaceAddresses returns the primary address of each family on each
 // of ifaces, in order and without duplicates: the SNAT addresses when

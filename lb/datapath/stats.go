@@ -91,8 +91,8 @@ func (d *LB) ConntrackEntriesWithin(maxAge time.Duration) (int, error) {
 	})
 }
 
-// ConntrackCapacity is the connection table's size (conntrack_max, rounded
-// up to a multiple of the CPU count as the kernel does).
+// ConntrackCapacity is the connection table's size (conntrack_max), shared
+// by all CPUs.
 func (d *LB) ConntrackCapacity() uint32 { return d.conntrack.MaxEntries() }
 
 const countBatch = 4096
@@ -173,3 +173,28 @@ func (d *LB) ConntrackLookup(client netip.AddrPort, fe lb.Frontend) (reconciler.
 	}
 	return reconciler.BackendID(v.BackendId), reconciler.ServiceID(v.SvcId), true
 }
+
+// Events returns the event counters (enum l4lb_event: things that happened
+// besides a packet's verdict, such as a fallback to bpf_fib_lookup) by
+// name, summed over CPUs.
+func (d *LB) Events() (map[string]uint64, error) {
+	out := make(map[string]uint64, len(d.eventNames))
+	var errs []error
+	for i, name := range d.eventNames {
+		key := uint32(i)
+		var per []uint64
+		if err := d.events.Lookup(&key, &per); err != nil {
+			errs = append(errs, fmt.Errorf("read event %s: %w", name, err))
+			continue
+		}
+		var n uint64
+		for _, c := range per {
+			n += c
+		}
+		out[name] = n
+	}
+	return out, errors.Join(errs...)
+}
+
+// EventNames are the names of the event counters, by index.
+func (d *LB) EventNames() []string { return append([]string(nil), d.eventNames...) }

@@ -16,15 +16,20 @@ const (
 	labelFrontend = "frontend"
 	labelBackend  = "backend"
 	labelReason   = "reason"
+	labelEvent    = "event"
 	labelMap      = "map"
 	labelSource   = "source"
 	labelState    = "state"
 	labelMode     = "mode"
 	labelDispatch = "dispatch"
 	labelResult   = "result"
+	labelSetting  = "setting"
 	// labelFingerprint lets an alert compare boxes: the same service with
 	// two fingerprints means two boxes send one flow to different backends.
 	labelFingerprint = "fingerprint"
+	labelPeer        = "peer"
+	labelInterface   = "interface"
+	labelKind        = "kind"
 )
 
 var (
@@ -62,6 +67,9 @@ var (
 	descReasonPackets = prometheus.NewDesc("l4lb_datapath_packets_total",
 		"Packets the datapath did not forward to a backend, by what it did instead (pass_*: handed to the kernel stack, drop_*: dropped).",
 		[]string{labelReason}, nil)
+	descEvents = prometheus.NewDesc("l4lb_datapath_events_total",
+		"Things the datapath did besides a packet's verdict: next hops asked of bpf_fib_lookup (fib_fallback), new flows left unrecorded over datapath.flow_insert_rate (ct_insert_limited), SNAT bindings made in or promoted from the overflow tables.",
+		[]string{labelEvent}, nil)
 	descReasonBytes = prometheus.NewDesc("l4lb_datapath_bytes_total",
 		"Bytes (L3 length; whole frame for non-IP) of the packets counted in l4lb_datapath_packets_total, by reason.",
 		[]string{labelReason}, nil)
@@ -88,8 +96,39 @@ var (
 		"Service definitions left out because another source claimed the same frontend or name first (reason: frontend, name).",
 		[]string{labelService, labelSource, labelReason}, nil)
 	descRefused = prometheus.NewDesc("l4lb_services_refused",
-		"Services the datapath does not serve (reason: unsupported, map_full).",
+		"Services the datapath does not serve (reason: unsupported, map_full, local_vip).",
 		[]string{labelService, labelSource, labelReason}, nil)
+
+	descPendingRestart = prometheus.NewDesc("l4lb_config_pending_restart",
+		"1 per setting of the configuration file in force that differs from the running value and applies only when l4lbd restarts.",
+		[]string{labelSetting}, nil)
+	descSeedInfo = prometheus.NewDesc("l4lb_maglev_seed_info",
+		"Always 1; the fingerprint label identifies the Maglev hash seed without revealing it. Boxes of one fleet must show the same.",
+		[]string{labelFingerprint}, nil)
+
+	descBGPAnnounced = prometheus.NewDesc("l4lb_bgp_announced_prefixes",
+		"VIPs (as /32 or /128) in the BGP speaker's table, announced to every peer of their family.", nil, nil)
+	descBGPPeerUp = prometheus.NewDesc("l4lb_bgp_peer_up",
+		"1 while the BGP session with the peer is established, 0 otherwise.", []string{labelPeer}, nil)
+	descBGPPeerAdvertised = prometheus.NewDesc("l4lb_bgp_peer_advertised_prefixes",
+		"Prefixes advertised to the peer on the current session.", []string{labelPeer}, nil)
+	descBGPUpdatesSent = prometheus.NewDesc("l4lb_bgp_updates_sent_total",
+		"BGP UPDATE messages sent to the peer (announcements and withdrawals) since its session came up.", []string{labelPeer}, nil)
+	descBGPUpdatesReceived = prometheus.NewDesc("l4lb_bgp_updates_received_total",
+		"BGP UPDATE messages received from the peer since its session came up.", []string{labelPeer}, nil)
+
+	descL2Announced = prometheus.NewDesc("l4lb_l2_announced_vips",
+		"VIPs whose ARP requests and neighbour solicitations this box answers.", nil, nil)
+	descL2Replies = prometheus.NewDesc("l4lb_l2_replies_sent_total",
+		"ARP replies (kind=arp) and neighbour advertisements (kind=nd) sent for VIPs.", []string{labelInterface, labelKind}, nil)
+	descL2Gratuitous = prometheus.NewDesc("l4lb_l2_gratuitous_sent_total",
+		"Gratuitous ARPs and unsolicited neighbour advertisements sent for VIPs that appeared.", []string{labelInterface}, nil)
+
+	descFleetBoxes = prometheus.NewDesc("l4lb_fleet_boxes",
+		"LB boxes whose fleet records this box sees in Consul, itself included.", nil, nil)
+	descFleetMismatch = prometheus.NewDesc("l4lb_fleet_mismatch",
+		"1 when another LB box has a different fingerprint (seed, table size, eligible backends) for the service's frontend: the boxes send one flow to different backends.",
+		svcLabels, nil)
 
 	descScrapeError = prometheus.NewDesc("l4lb_snapshot_error",
 		"Never exposed: carries errors met while reading the live state.", nil, nil)
@@ -99,10 +138,12 @@ var allDescs = []*prometheus.Desc{
 	descServiceInfo, descServicePackets, descServiceBytes, descServiceNewFlows,
 	descBackendPackets, descBackendBytes, descBackendNewFlows, descBackendWeight,
 	descBackendAdminState, descBackendOverride, descBackendHealth,
-	descReasonPackets, descReasonBytes,
+	descReasonPackets, descReasonBytes, descEvents,
 	descConntrackEntries, descConntrackCapacity, descSNATEntries, descSNATCapacity,
 	descMapEntries, descMapCapacity,
 	descDiscoverySync, descDiscoveryServices, descConflicting, descRefused,
+	descPendingRestart, descSeedInfo, descBGPAnnounced, descBGPPeerUp, descBGPPeerAdvertised, descBGPUpdatesSent, descBGPUpdatesReceived,
+	descL2Announced, descL2Replies, descL2Gratuitous, descFleetBoxes, descFleetMismatch,
 	descScrapeError,
 }
 
@@ -158,6 +199,15 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		e.counter(descReasonBytes, r.Bytes, r.Name)
 	}
 
+	seenEvent := make(map[string]bool, len(s.Events))
+	for _, ev := range s.Events {
+		if seenEvent[ev.Name] {
+			continue
+		}
+		seenEvent[ev.Name] = true
+		e.counter(descEvents, ev.Count, ev.Name)
+	}
+
 	if t := s.Conntrack; t != nil {
 		e.gauge(descConntrackEntries, float64(t.Entries))
 		e.gauge(descConntrackCapacity, float64(t.Capacity))
@@ -206,6 +256,11 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	for k, n := range refused {
 		e.gauge(descRefused, float64(n), k[0], k[1], k[2])
 	}
+
+	for _, name := range s.PendingRestart {
+		e.gauge(descPendingRestart, 1, name)
+	}
+	e.announce(s)
 
 	for _, err := range s.Errors {
 		if err != nil {
@@ -272,4 +327,44 @@ func boolValue(b bool) float64 {
 		return 1
 	}
 	return 0
+}
+
+// announce emits the seed, announcer and fleet series.
+func (e emitter) announce(s Snapshot) {
+	if s.SeedFingerprint != "" {
+		e.gauge(descSeedInfo, 1, s.SeedFingerprint)
+	}
+	if b := s.BGP; b != nil {
+		e.gauge(descBGPAnnounced, float64(b.Announced))
+		seen := map[string]bool{}
+		for _, p := range b.Peers {
+			if seen[p.Address] {
+				continue
+			}
+			seen[p.Address] = true
+			e.gauge(descBGPPeerUp, boolValue(p.Up), p.Address)
+			e.gauge(descBGPPeerAdvertised, float64(p.Advertised), p.Address)
+			e.counter(descBGPUpdatesSent, p.UpdatesSent, p.Address)
+			e.counter(descBGPUpdatesReceived, p.UpdatesReceived, p.Address)
+		}
+	}
+	if l := s.L2; l != nil {
+		e.gauge(descL2Announced, float64(l.Announced))
+		seen := map[string]bool{}
+		for _, i := range l.Interfaces {
+			if seen[i.Name] {
+				continue
+			}
+			seen[i.Name] = true
+			e.counter(descL2Replies, i.ARPReplies, i.Name, "arp")
+			e.counter(descL2Replies, i.NDReplies, i.Name, "nd")
+			e.counter(descL2Gratuitous, i.Gratuitous, i.Name)
+		}
+	}
+	if f := s.Fleet; f != nil {
+		e.gauge(descFleetBoxes, float64(f.Boxes))
+		for svc, m := range f.Mismatch {
+			e.gauge(descFleetMismatch, boolValue(m), svc)
+		}
+	}
 }

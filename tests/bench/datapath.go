@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/netip"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -82,6 +83,7 @@ func newRig(t *testnet.Script) *rig {
 	d, err := datapath.Load(datapath.Config{
 		Seed: benchSeed, MaxServices: maxServices, MaxBackends: maxServices * 3, ConntrackMax: 1 << 20,
 		SNATAddresses: []netip.Addr{lbAddr4, lbAddr6},
+		Netns:         ns.Handle(),
 		Log:           slog.New(slog.DiscardHandler),
 	})
 	if err != nil {
@@ -216,35 +218,60 @@ type path struct {
 	hook hookKind
 	prog *ebpf.Program
 	next func(int) []byte
+	// kind groups the path for the summary ("established", "syn",
+	// "first", "nonvip"; "" for floors).
+	kind string
 }
 
+// timing is one path's figure: the median of the rounds' medians, and the
+// smallest and largest round median.
+type timing struct{ med, lo, hi time.Duration }
+
 // measure times each path: rounds interleave the paths so that machine
-// noise spreads over all of them alike; the figure is the median of the
-// rounds' medians.
-func (r *rig) measure(t *testnet.Script, paths []path, rounds, runs int) []time.Duration {
+// noise spreads over all of them alike.
+func (r *rig) measure(t *testnet.Script, paths []path, rounds, runs int) []timing {
 	meds := make([][]time.Duration, len(paths))
 	for range rounds {
 		for i, p := range paths {
 			meds[i] = append(meds[i], median(r.timeRuns(t, p.prog, p.hook, runs, p.next)))
 		}
 	}
-	out := make([]time.Duration, len(paths))
+	out := make([]timing, len(paths))
 	for i := range meds {
-		out[i] = median(meds[i])
+		out[i] = timing{median(meds[i]), slices.Min(meds[i]), slices.Max(meds[i])}
 	}
 	return out
 }
 
-// benchDatapath times every packet path at both hooks next to two floors,
-// then the cost of 100,000 services, then a backend change on real maps.
+// floors are the two reference programs of one hook: an empty program
+// (its cost is the test-run harness itself) and the LB's parser plus one
+// hash lookup (the least a program doing the job could cost).
+type floors struct {
+	pass, parse *ebpf.Program
+}
+
+// report prints paths with their net cost (minus the empty program of the
+// same run) and that net cost as a multiple of the parse+lookup floor's.
+// Floors must be paths 0 (empty) and 1 (parse + lookup).
+func report(title string, paths []path, res []timing) {
+	empty, floorNet := res[0].med, res[1].med-res[0].med
+	fmt.Printf("\n%s\n  %-46s %7s %13s %7s %9s\n", title, "path", "ns", "min-max", "net", "net/floor")
+	for i, p := range paths {
+		net := res[i].med - empty
+		ratio := "-"
+		if i > 0 && floorNet > 0 {
+			ratio = fmt.Sprintf("%.2fx", float64(net)/float64(floorNet))
+		}
+		fmt.Printf("  %-46s %7d %6d-%-6d %7d %9s\n", p.name, res[i].med.Nanoseconds(), res[i].lo.Nanoseconds(), res[i].hi.Nanoseconds(), net.Nanoseconds(), ratio)
+	}
+}
+
+// benchDatapath times every packet path at both hooks next to the floors,
+// then the main paths at 1, 10,000 and 100,000 services, then a backend
+// change on real maps.
 func benchDatapath(t *testnet.Script, rounds, runs int) {
 	r := newRig(t)
-	passXDP, passTC := floorPass(t, ebpf.XDP, 2), floorPass(t, ebpf.SchedCLS, -1)
-	var floor bpf.FloorObjects
-	if err := bpf.LoadFloorObjects(&floor, nil); err != nil {
-		t.Fatalf("floor program: %v", err)
-	}
-	defer floor.Close()
+	fl := loadFloors(t)
 
 	tgs := targets()
 	var svcs []lb.Service
@@ -254,10 +281,7 @@ func benchDatapath(t *testnet.Script, rounds, runs int) {
 	if err := r.rec.Reconcile(svcs); err != nil {
 		t.Fatalf("reconcile: %v", err)
 	}
-	fk := bpf.FloorSvcKey{Addr: tgs[0].vip().As16(), Port: 80 << 8, Proto: 6}
-	if err := floor.FloorServices.Put(&fk, &bpf.FloorSvcValue{Id: 1}); err != nil {
-		t.Fatalf("floor map: %v", err)
-	}
+	fl.program(t, tgs[0])
 	pkt := func(tg target, sport uint16, syn, ack bool) []byte {
 		return pkttest.Build(t, pkttest.Packet{
 			DstMAC: r.mac, Src: netip.AddrPortFrom(tg.client(), sport), Dst: netip.AddrPortFrom(tg.vip(), tg.port),
@@ -268,61 +292,172 @@ func benchDatapath(t *testnet.Script, rounds, runs int) {
 	floorFrame := pkt(tgs[0], 2000, false, true)
 	nonVIP := pkttest.Build(t, pkttest.Packet{DstMAC: r.mac, Src: netip.AddrPortFrom(client4, 1000),
 		Dst: netip.MustParseAddrPort("192.0.2.99:80"), ACK: true, Payload: make([]byte, 64)})
+	// Source ports of new flows: every run a port never used before, in a
+	// range of its own per hook and path, so a "new" flow is really new.
+	nextPort := uint16(10000)
+	fresh := func(tg target, syn bool) func(int) []byte {
+		base := nextPort
+		nextPort += 5000
+		return func(i int) []byte {
+			return pkt(tg, base+uint16(i%5000), syn, !syn)
+		}
+	}
 
-	fmt.Printf("\nper-packet cost, kernel-timed with BPF_PROG_TEST_RUN, one fresh 64-byte-payload TCP packet per run,\nmedian of %d rounds x %d packets; every path of a hook measured in the same rounds as its floors\n", rounds, runs)
+	fmt.Printf("\nper-packet cost, kernel-timed with BPF_PROG_TEST_RUN (repeat 1), one fresh 64-byte-payload TCP packet per run;\n"+
+		"ns = median of %d interleaved rounds x %d packets (min-max of the round medians); net = ns - the empty program;\n"+
+		"net/floor = net / net of the parse + one lookup floor, both of the same hook and run\n", rounds, runs)
+	summary := map[string][]float64{}
 	for _, k := range []hookKind{hookXDP, hookTC} {
-		passProg := passXDP
-		if k == hookTC {
-			passProg = passTC
-		}
-		paths := []path{
-			{"floor: empty program (pass)", k, passProg, func(int) []byte { return floorFrame }},
-		}
-		if k == hookXDP {
-			paths = append(paths, path{"floor: parse + one lookup", k, floor.L4lbFloor, func(int) []byte { return floorFrame }})
-		}
-		paths = append(paths, path{"non-VIP pass-through", k, progs[k], func(int) []byte { return nonVIP }})
+		paths := fl.paths(k, floorFrame)
+		paths = append(paths, path{"non-VIP pass-through", k, progs[k], func(int) []byte { return nonVIP }, "nonvip"})
 		for _, tg := range tgs {
 			est := pkt(tg, 2000+uint16(k), false, true)
-			// Put the established flow in the tables.
-			r.timeRuns(t, progs[k], k, 1, func(int) []byte { return est })
-			// Every SYN is a new client port: a new flow for every run,
-			// which for SNAT means allocating a new binding.
-			newFlow := func(i int) []byte { return pkt(tg, uint16(10000+(i+int(k)*25000)%50000), true, false) }
+			// Put the established flow in the tables (SNAT: the
+			// handshake's client ACK and a reply make it established).
+			r.establish(t, progs[k], k, tg, est)
 			paths = append(paths,
-				path{tg.name + ": established", k, progs[k], func(int) []byte { return est }},
-				path{tg.name + ": new flow (SYN)", k, progs[k], newFlow},
+				path{tg.name + ": established", k, progs[k], func(int) []byte { return est }, "established"},
+				// Every SYN is a new client port: a new flow for every
+				// run, which for SNAT means allocating a new binding.
+				path{tg.name + ": new flow, SYN", k, progs[k], fresh(tg, true), "syn"},
+				// The first packet without SYN of a flow the table does
+				// not know: balanced and recorded.
+				path{tg.name + ": new flow, first non-SYN", k, progs[k], fresh(tg, false), "first"},
 			)
 		}
 		res := r.measure(t, paths, rounds, runs)
-		fmt.Printf("\n%s\n", k)
-		for i, p := range paths {
-			fmt.Printf("  %-44s %5d ns  (%.1fx the empty program)\n", p.name, res[i].Nanoseconds(), float64(res[i])/float64(res[0]))
+		report(k.String(), paths, res)
+		if k == hookXDP {
+			floorNet := float64(res[1].med - res[0].med)
+			for i, p := range paths {
+				if p.kind == "" || !isIPv4(p.name) && p.kind != "nonvip" {
+					continue
+				}
+				key := p.kind
+				if p.kind == "established" || p.kind == "syn" || p.kind == "first" {
+					if isSNAT(p.name) {
+						key += " snat"
+					} else {
+						key += " dsr"
+					}
+				}
+				summary[key] = append(summary[key], float64(res[i].med-res[0].med)/floorNet)
+			}
 		}
 	}
+	fmt.Printf("\nsummary, XDP IPv4, net cost / parse+lookup floor (range over dispatches):\n")
+	for _, k := range []string{"established dsr", "established snat", "syn dsr", "syn snat", "first dsr", "first snat", "nonvip"} {
+		v := summary[k]
+		if len(v) == 0 {
+			continue
+		}
+		fmt.Printf("  %-18s %.2fx - %.2fx\n", k, slices.Min(v), slices.Max(v))
+	}
 
-	// Scale: the same paths with the service map holding 100,000 entries.
-	scale := []path{
-		{"non-VIP pass-through", hookXDP, r.lb.Program(), func(int) []byte { return nonVIP }},
-		{"dsr/ipip IPv4: established", hookXDP, r.lb.Program(), func(int) []byte { return pkt(tgs[0], 2000, false, true) }},
-		{"dsr/ipip IPv4: new flow (SYN)", hookXDP, r.lb.Program(), func(int) []byte { return pkt(tgs[0], 3000, true, false) }},
+	benchScale(t, r, fl, svcs, tgs, floorFrame, nonVIP, pkt, fresh, rounds, runs)
+}
+
+func isIPv4(name string) bool { return strings.Contains(name, "IPv4") }
+func isSNAT(name string) bool { return strings.HasPrefix(name, "snat") }
+
+// establish puts tg's flow of frame est in the datapath's tables as a
+// connection in the middle of its life: the client's packet, and for SNAT
+// the backend's answer and the client's next packet (a binding that has
+// seen both directions).
+func (r *rig) establish(t *testnet.Script, prog *ebpf.Program, k hookKind, tg target, est []byte) {
+	r.timeRuns(t, prog, k, 1, func(int) []byte { return est })
+	if tg.mode != lb.ModeSNAT {
+		return
 	}
-	before := r.measure(t, scale, rounds, runs)
-	fill := filler(maxServices - 1 - len(tgs))
-	start := time.Now()
-	if err := r.rec.Reconcile(append(slices.Clone(svcs), fill...)); err != nil {
-		t.Fatalf("reconcile %d services: %v", len(fill)+len(svcs), err)
+	// The binding's port: the datapath's own choice, read back from the
+	// rewritten packet.
+	var out []byte
+	err := r.ns.Do(func() error {
+		var ctx any = xdpMD{DataEnd: uint32(len(est)), IngressIfindex: r.ifindex}
+		if k == hookTC {
+			ctx = skbContext(r.ifindex)
+		}
+		res, err := bpftest.Run(prog, est, ctx, 1)
+		out = res.Out
+		return err
+	})
+	if err != nil {
+		t.Fatalf("establish %s: %v", tg.name, err)
 	}
-	took := time.Since(start)
-	after := r.measure(t, scale, rounds, runs)
-	fmt.Printf("\nscale: %d services (3 backends, table 251 each) programmed in %s\n", len(fill)+len(svcs), took.Round(time.Millisecond))
-	for i, p := range scale {
-		fmt.Printf("  %-44s %5d ns at %d services, %5d ns at %d (%.2fx)\n", p.name,
-			before[i].Nanoseconds(), len(svcs), after[i].Nanoseconds(), len(fill)+len(svcs), float64(after[i])/float64(before[i]))
+	d := pkttest.Decode(out)
+	var snat, be netip.AddrPort
+	switch {
+	case d.Outer4 != nil && d.TCP != nil:
+		snat = netip.AddrPortFrom(netip.AddrFrom4([4]byte(d.Outer4.SrcIP.To4())), uint16(d.TCP.SrcPort))
+		be = netip.AddrPortFrom(netip.AddrFrom4([4]byte(d.Outer4.DstIP.To4())), uint16(d.TCP.DstPort))
+	case d.Outer6 != nil && d.TCP != nil:
+		snat = netip.AddrPortFrom(netip.AddrFrom16([16]byte(d.Outer6.SrcIP)), uint16(d.TCP.SrcPort))
+		be = netip.AddrPortFrom(netip.AddrFrom16([16]byte(d.Outer6.DstIP)), uint16(d.TCP.DstPort))
+	default:
+		t.Fatalf("establish %s: the SNAT-ed packet is not TCP over IP:\n%s", tg.name, d.Dump())
 	}
+	reply := pkttest.Build(t, pkttest.Packet{DstMAC: r.mac, Src: be, Dst: snat, ACK: true, Payload: make([]byte, 64)})
+	r.timeRuns(t, prog, k, 1, func(int) []byte { return reply })
+	r.timeRuns(t, prog, k, 1, func(int) []byte { return est })
+}
+
+// benchScale times the main paths with the service map holding 1 (the
+// targets), 10,000 and 100,000 services, floors measured alongside each.
+func benchScale(t *testnet.Script, r *rig, fl *floorSet, svcs []lb.Service, tgs []target, floorFrame, nonVIP []byte,
+	pkt func(target, uint16, bool, bool) []byte, fresh func(target, bool) func(int) []byte, rounds, runs int) {
+	prog := r.lb.Program()
+	estIP := pkt(tgs[0], 2000, false, true)
+	estSNAT := pkt(tgs[3], 2000, false, true)
+	scalePaths := func() []path {
+		p := fl.paths(hookXDP, floorFrame)
+		return append(p,
+			path{"non-VIP pass-through", hookXDP, prog, func(int) []byte { return nonVIP }, "nonvip"},
+			path{"dsr/ipip IPv4: established", hookXDP, prog, func(int) []byte { return estIP }, "established"},
+			path{"dsr/ipip IPv4: new flow, SYN", hookXDP, prog, fresh(tgs[0], true), "syn"},
+			path{"dsr/ipip IPv4: new flow, first non-SYN", hookXDP, prog, fresh(tgs[0], false), "first"},
+			path{"snat IPv4: established", hookXDP, prog, func(int) []byte { return estSNAT }, "established"},
+		)
+	}
+	type level struct {
+		n   int
+		res []timing
+	}
+	var levels []level
+	var took []time.Duration
+	for _, n := range []int{len(svcs), 10_000, maxServices - 1} {
+		fill := filler(n - len(svcs))
+		start := time.Now()
+		if err := r.rec.Reconcile(append(slices.Clone(svcs), fill...)); err != nil {
+			t.Fatalf("reconcile %d services: %v", n, err)
+		}
+		took = append(took, time.Since(start))
+		levels = append(levels, level{n, r.measure(t, scalePaths(), rounds, runs)})
+	}
+	paths := scalePaths()
+	fmt.Printf("\nscale, XDP IPv4: ns (net/floor) at each service count; ratio = net at N / net at %d\n", levels[0].n)
+	fmt.Printf("  %-42s", "path")
+	for _, l := range levels {
+		fmt.Printf(" %19s", fmt.Sprintf("%d services", l.n))
+	}
+	fmt.Printf("  %s\n", "ratio 10k / 100k")
+	for i, p := range paths {
+		fmt.Printf("  %-42s", p.name)
+		for _, l := range levels {
+			net := l.res[i].med - l.res[0].med
+			floorNet := l.res[1].med - l.res[0].med
+			fmt.Printf(" %8d (%6.2fx)   ", l.res[i].med.Nanoseconds(), float64(net)/float64(floorNet))
+		}
+		if i >= 2 {
+			base := float64(levels[0].res[i].med - levels[0].res[0].med)
+			fmt.Printf("  %.2fx / %.2fx", float64(levels[1].res[i].med-levels[1].res[0].med)/base,
+				float64(levels[2].res[i].med-levels[2].res[0].med)/base)
+		}
+		fmt.Println()
+	}
+	fmt.Printf("  (programmed in %s and %s)\n", took[1].Round(time.Millisecond), took[2].Round(time.Millisecond))
 
 	// One backend change among 100,000 services, on the real maps.
-	all := append(slices.Clone(svcs), fill...)
+	all := append(slices.Clone(svcs), filler(maxServices-1-len(svcs))...)
 	var lat []time.Duration
 	for i := range 21 {
 		all[len(svcs)+5].Backends[2].Weight = uint32(1 + i%2)
@@ -336,14 +471,51 @@ func benchDatapath(t *testnet.Script, rounds, runs int) {
 		len(all), median(lat).Round(time.Microsecond), len(lat))
 }
 
-// floorPass is a program of type typ that returns verdict.
-func floorPass(t *testnet.Script, typ ebpf.ProgramType, verdict int32) *ebpf.Program {
+// floorSet holds the floor programs of both hooks.
+type floorSet struct {
+	objs  bpf.FloorObjects
+	hooks map[hookKind]floors
+}
+
+func loadFloors(t *testnet.Script) *floorSet {
+	fs := &floorSet{}
+	if err := bpf.LoadFloorObjects(&fs.objs, nil); err != nil {
+		t.Fatalf("floor program: %v", err)
+	}
+	t.Cleanup(func() { fs.objs.Close() })
+	fs.hooks = map[hookKind]floors{
+		hookXDP: {pass: emptyProgram(t, ebpf.XDP, 2), parse: fs.objs.L4lbFloor},
+		hookTC:  {pass: emptyProgram(t, ebpf.SchedCLS, -1), parse: fs.objs.L4lbFloorTc},
+	}
+	return fs
+}
+
+// program gives the parse+lookup floor the service of tg, so its lookup hits.
+func (fs *floorSet) program(t *testnet.Script, tg target) {
+	fk := bpf.FloorSvcKey{Addr: tg.vip().As16(), Port: tg.port<<8 | tg.port>>8, Proto: 6}
+	if err := fs.objs.FloorServices.Put(&fk, &bpf.FloorSvcValue{Id: 1}); err != nil {
+		t.Fatalf("floor map: %v", err)
+	}
+}
+
+// paths are the two floor paths of hook k, on frame (a packet to the
+// floor's service).
+func (fs *floorSet) paths(k hookKind, frame []byte) []path {
+	f := fs.hooks[k]
+	return []path{
+		{"floor: empty program", k, f.pass, func(int) []byte { return frame }, ""},
+		{"floor: parse + one lookup", k, f.parse, func(int) []byte { return frame }, ""},
+	}
+}
+
+// emptyProgram is a program of type typ that returns verdict.
+func emptyProgram(t *testnet.Script, typ ebpf.ProgramType, verdict int32) *ebpf.Program {
 	p, err := ebpf.NewProgram(&ebpf.ProgramSpec{
 		Type: typ, License: "Dual BSD/GPL",
 		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, verdict), asm.Return()},
 	})
 	if err != nil {
-		t.Fatalf("floor program: %v", err)
+		t.Fatalf("empty program: %v", err)
 	}
 	t.Cleanup(func() { p.Close() })
 	return p
