@@ -46,6 +46,7 @@ func (d *Daemon) reloadConsul(cfg *config.Config) (commit func(), err error) {
 			d.consulRun.Store(nil)
 			d.dropSnapshots(consul.SourceName)
 			d.merger.Remove(consul.SourceName)
+			d.forgetLastGood(consul.SourceName)
 			d.log.Info("Consul source turned off")
 		}, nil
 	}

@@ -43,6 +43,8 @@ func standInConsul(t *testing.T) string {
 func consulDaemon(t *testing.T, addr string) *Daemon {
 	t.Helper()
 	doc := `
+[daemon]
+admin_socket = "` + filepath.Join(t.TempDir(), "l4lb.sock") + `"
 [datapath]
 interfaces = ["lo"]
 mode = "dsr"

@@ -77,6 +77,12 @@ type Daemon struct {
 	// and that have not answered yet; while any is, the reconciler keeps
 	// unclaimed services.
 	waitingFor map[string]bool
+	// adopted are the frontends pinned in the datapath at start; saved
+	// and saveFailed what update last wrote of each watched source
+	// (lastgood.go).
+	adopted    map[lb.Frontend]bool
+	saved      map[string][]byte
+	saveFailed map[string]bool
 	metrics    *metrics.Recorder
 
 	// ann announces the VIPs (announce.go); nil before the first pass.
@@ -148,6 +154,8 @@ func New(opts Options) (*Daemon, error) {
 		drainCut:   map[overrideKey]bool{},
 		drainTimer: time.NewTimer(time.Hour),
 		metrics:    metrics.NewRecorder(),
+		saved:      map[string][]byte{},
+		saveFailed: map[string]bool{},
 	}
 	d.drainTimer.Stop()
 	d.metrics.ConfigLoaded(time.Now())
@@ -239,6 +247,12 @@ func (d *Daemon) Run(ctx context.Context) error {
 		// Until Consul and Kubernetes answer, an adopted service missing
 		// from the file may be one of theirs: keep it rather than drop
 		// its traffic.
+		d.adopted = map[lb.Frontend]bool{}
+		for _, s := range st.Services {
+			if s.HasEntry {
+				d.adopted[s.Service.Frontend] = true
+			}
+		}
 		d.waitingFor = map[string]bool{}
 		if cfg.Consul != nil {
 			d.waitingFor[consulSource] = true
@@ -393,7 +407,7 @@ func (d *Daemon) loop(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case snap := <-d.snaps:
-			d.merger.Update(snap)
+			d.update(snap)
 			d.sourceAnswered(snap.Source)
 		case <-d.health.Events():
 			// Coalesce a burst of health changes into one pass.
@@ -881,11 +895,13 @@ func Cleanup(cfg *config.Config, force bool) (Cleaned, error) {
 			c.Files = append(c.Files, cfg.Daemon.AdminSocket)
 		}
 	}
-	ov := OverridesPath(cfg.Daemon.AdminSocket)
-	if rerr := os.Remove(ov); rerr == nil {
-		c.Files = append(c.Files, ov)
-	} else if !errors.Is(rerr, os.ErrNotExist) {
-		errs = append(errs, rerr)
+	for _, f := range []string{OverridesPath(cfg.Daemon.AdminSocket),
+		LastGoodPath(cfg.Daemon.AdminSocket, consulSource), LastGoodPath(cfg.Daemon.AdminSocket, kubernetesSource)} {
+		if rerr := os.Remove(f); rerr == nil {
+			c.Files = append(c.Files, f)
+		} else if !errors.Is(rerr, os.ErrNotExist) {
+			errs = append(errs, rerr)
+		}
 	}
 	for _, ifc := range cfg.Datapath.Interfaces {
 		c.Left = append(c.Left, fmt.Sprintf("forwarding on %s (net.ipv4.conf.%s.forwarding, net.ipv6.conf.%s.forwarding and force_forwarding, which l4lbd turned on) stays on: turn it off with sysctl if nothing else on the box routes", ifc, ifc, ifc))

@@ -38,6 +38,7 @@ func (d *Daemon) reloadKubernetes(cfg *config.Config) (commit func(), err error)
 			d.kubeRun.Store(nil)
 			d.dropSnapshots(kubernetes.SourceName)
 			d.merger.Remove(kubernetes.SourceName)
+			d.forgetLastGood(kubernetes.SourceName)
 			d.log.Info("Kubernetes source turned off")
 		}, nil
 	}

@@ -46,9 +46,10 @@ func TestKubernetesLifecycle(t *testing.T) {
 
 	consulAddr := standInConsul(t)
 	path := filepath.Join(t.TempDir(), "l4lb.toml")
+	socket := filepath.Join(t.TempDir(), "l4lb.sock")
 	write := func(consulTag, kubeconfig, qps string, kube bool) {
 		t.Helper()
-		doc := "[datapath]\ninterfaces = [\"lo\"]\n" +
+		doc := "[daemon]\nadmin_socket = \"" + socket + "\"\n[datapath]\ninterfaces = [\"lo\"]\n" +
 			"[[service]]\nname = \"from-file\"\nvip = \"198.51.100.1\"\nport = 80\nprotocol = \"tcp\"\n" +
 			"[discovery.consul]\naddress = \"" + consulAddr + "\"\ntag = \"" + consulTag + "\"\n"
 		if kube {

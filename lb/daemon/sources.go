@@ -34,11 +34,20 @@ func (d *Daemon) startSources(ctx context.Context) (stop func(), err error) {
 		}
 	}
 	type started struct {
-		r     *runner
-		name  string
-		attrs []any
+		r      *runner
+		name   string
+		source string
+		attrs  []any
 	}
 	var wait []started
+	// A source turned off while l4lbd was down must not bring its
+	// services back with a later restart.
+	if d.cfg.Consul == nil {
+		d.forgetLastGood(consulSource)
+	}
+	if d.cfg.Kubernetes == nil {
+		d.forgetLastGood(kubernetesSource)
+	}
 	if d.cfg.Consul != nil {
 		r, err := d.newConsul(d.cfg)
 		if err != nil {
@@ -46,7 +55,7 @@ func (d *Daemon) startSources(ctx context.Context) (stop func(), err error) {
 		}
 		r.run(r.src)
 		d.consulRun.Store(r)
-		wait = append(wait, started{r.runner, "Consul", []any{"address", d.cfg.Consul.Address}})
+		wait = append(wait, started{r.runner, "Consul", consulSource, []any{"address", d.cfg.Consul.Address}})
 	}
 	if d.cfg.Kubernetes != nil {
 		r, err := d.newKubernetes(d.cfg)
@@ -56,16 +65,19 @@ func (d *Daemon) startSources(ctx context.Context) (stop func(), err error) {
 		}
 		r.run(r.src)
 		d.kubeRun.Store(r)
-		wait = append(wait, started{r.runner, "Kubernetes", []any{"kubeconfig", d.cfg.Kubernetes.Kubeconfig}})
+		wait = append(wait, started{r.runner, "Kubernetes", kubernetesSource, []any{"kubeconfig", d.cfg.Kubernetes.Kubeconfig}})
 	}
 	deadline := time.Now().Add(sourceStartWait)
 	for _, w := range wait {
 		if snap, ok := w.r.first(ctx, time.Until(deadline)); ok {
-			d.merger.Update(snap)
+			d.update(snap)
 			d.sourceAnswered(snap.Source)
 			d.log.Info(w.name+" services read", "services", len(snap.Services))
 		} else if ctx.Err() == nil {
 			d.log.Warn(w.name+" has not answered yet; starting without its services, they follow as soon as it does", append(w.attrs, "waited", sourceStartWait)...)
+			if d.waitingFor[w.source] {
+				d.restoreLastGood(w.source)
+			}
 		}
 		w.r.forward(d.snaps)
 	}
@@ -142,7 +154,7 @@ func (d *Daemon) dropSnapshots(source string) {
 		select {
 		case snap := <-d.snaps:
 			if snap.Source != source {
-				d.merger.Update(snap)
+				d.update(snap)
 			}
 		default:
 			return

@@ -456,9 +456,15 @@ func TestKubernetes(t *testing.T) {
 		hz["be1"].local.Store(true)
 		waitAPI(t, d, "be1 healthy again while the source is stale", beHealth("healthy"))
 		// A restart during the outage keeps the adopted services in the
-		// datapath (until the source answers, as with Consul).
+		// datapath, and gives them back their definitions from the last
+		// snapshot l4lbd kept: listed and health-checked as before.
 		d.Restart()
 		waitAPI(t, d, "source stale after the restart", func(_ []api.Service, st api.Status) bool { stale, ok := kubeStale(st); return ok && stale })
+		waitAPI(t, d, "web listed with be1 healthy after the restart during the outage", beHealth("healthy"))
+		hz["be1"].local.Store(false)
+		waitAPI(t, d, "be1 unhealthy after the restart during the outage", beHealth("unhealthy"))
+		hz["be1"].local.Store(true)
+		waitAPI(t, d, "be1 healthy again after the restart during the outage", beHealth("healthy"))
 		if got := spread(t, tp, dst, 8); got != "be1" {
 			t.Errorf("restarted during the outage: new connections reached %q, want be1 as before", got)
 		}
