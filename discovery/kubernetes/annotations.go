@@ -36,6 +36,11 @@ const (
 	AnnotationAffinity        = Prefix + "affinity"
 	AnnotationAffinityTimeout = Prefix + "affinity-timeout"
 	AnnotationDrainTimeout    = Prefix + "drain-timeout"
+	// AnnotationAnnounce "false" keeps the Service from getting its VIP
+	// announced (BGP, ARP/NDP); AnnotationAnnounceMinHealthy is its
+	// threshold of healthy backends.
+	AnnotationAnnounce           = Prefix + "announce"
+	AnnotationAnnounceMinHealthy = Prefix + "announce-min-healthy"
 
 	AnnotationHealthCheck    = Prefix + "health-check" // tcp | http | udp | none
 	AnnotationHealthPort     = Prefix + "health-port"
@@ -62,6 +67,9 @@ var serviceKeys = map[string]string{
 	AnnotationAffinity:        "affinity",
 	AnnotationAffinityTimeout: "affinity_timeout",
 	AnnotationDrainTimeout:    "drain_timeout",
+
+	AnnotationAnnounce:           "announce",
+	AnnotationAnnounceMinHealthy: "announce_min_healthy",
 }
 
 var healthKeys = map[string]string{
@@ -75,7 +83,11 @@ var healthKeys = map[string]string{
 	AnnotationHealthStatus:   "expect_status",
 }
 
-var integerKeys = map[string]bool{"table_size": true, "port": true, "rise": true, "fall": true, "expect_status": true}
+var integerKeys = map[string]bool{"table_size": true, "port": true, "rise": true, "fall": true, "expect_status": true, "announce_min_healthy": true}
+
+// booleanKeys take "true" or "false"; anything else is passed as the
+// string it is, which the file's rules refuse.
+var booleanKeys = map[string]bool{"announce": true}
 
 // otherAnnotations are read elsewhere (VIP choice, backends).
 var otherAnnotations = []string{AnnotationIPs, AnnotationPool, AnnotationSharingKey, AnnotationBackends}
@@ -243,6 +255,9 @@ func value(k, v string) any {
 			return n
 		}
 	}
+	if booleanKeys[k] && (v == "true" || v == "false") {
+		return v == "true"
+	}
 	return v
 }
 
@@ -282,6 +297,8 @@ func fieldProblem(e *config.Error) string {
 		return "spec.loadBalancerSourceRanges: " + msg
 	case strings.HasPrefix(msg, "affinity"):
 		return "spec.sessionAffinity / l4lb.io/affinity: " + msg
+	case strings.HasPrefix(msg, "announce"):
+		return AnnotationAnnounce + " / " + AnnotationAnnounceMinHealthy + ": " + msg
 	}
 	return msg
 }

@@ -480,6 +480,20 @@ func TestAnnotations(t *testing.T) {
 					t.Errorf("health %+v", s.Health)
 				}
 			}},
+		{name: "announcement", opts: []svcOpt{ann(AnnotationAnnounceMinHealthy, "2")},
+			check: func(t *testing.T, s lb.Service) {
+				if s.Announce != (lb.Announce{MinHealthy: 2}) {
+					t.Errorf("announce %+v", s.Announce)
+				}
+			}},
+		{name: "announcement off", opts: []svcOpt{ann(AnnotationAnnounce, "false")},
+			check: func(t *testing.T, s lb.Service) {
+				if !s.Announce.Off {
+					t.Errorf("announce %+v", s.Announce)
+				}
+			}},
+		{name: "announce not a boolean", opts: []svcOpt{ann(AnnotationAnnounce, "no")}, problem: "annotation l4lb.io/announce = \"no\": announce must be true or false"},
+		{name: "announce threshold while off", opts: []svcOpt{ann(AnnotationAnnounce, "false"), ann(AnnotationAnnounceMinHealthy, "2")}, problem: "l4lb.io/announce / l4lb.io/announce-min-healthy: announce_min_healthy"},
 		{name: "bad mode", opts: []svcOpt{ann(AnnotationMode, "fast")}, problem: `annotation l4lb.io/mode = "fast": mode: unknown mode "fast"`},
 		{name: "table size not prime", opts: []svcOpt{ann(AnnotationTableSize, "1000")}, problem: "annotation l4lb.io/table-size = \"1000\""},
 		{name: "table size not a number", opts: []svcOpt{ann(AnnotationTableSize, "big")}, problem: "annotation l4lb.io/table-size = \"big\": table_size must be an integer"},
