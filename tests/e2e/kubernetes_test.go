@@ -62,7 +62,25 @@ interval = "200ms"
 timeout  = "150ms"
 rise     = 1
 fall     = 2
+
+# The announcement decision is what BGP would announce too; the VIPs are
+# routed to the box statically, so nobody asks for them on the segment.
+[l2]
+interfaces = ["eth0"]
 `, e2eSeed, kubeconfig)
+}
+
+// announced says whether l4lbd announces vip (on L2; BGP decides alike).
+func announced(st api.Status, vip netip.Addr) bool {
+	if st.L2 == nil {
+		return false
+	}
+	for _, v := range st.L2.VIPs {
+		if v.VIP == vip.String() {
+			return v.Announced
+		}
+	}
+	return false
 }
 
 // healthz answers kube-proxy's healthCheckNodePort question for one node:
@@ -430,6 +448,7 @@ func TestKubernetes(t *testing.T) {
 		start := time.Now()
 		c.KillAPIServer()
 		waitAPI(t, d, "kubernetes stale", func(_ []api.Service, st api.Status) bool { stale, ok := kubeStale(st); return ok && stale })
+		waitAPI(t, d, vip4.String()+" still announced during the outage", func(_ []api.Service, st api.Status) bool { return announced(st, vip4) })
 		t.Logf("apiserver killed -> l4lbd status shows the Kubernetes source stale: %v", time.Since(start).Round(time.Millisecond))
 		if err := held.Echo("during the outage"); err != nil {
 			t.Errorf("an established connection broke when the apiserver died: %v", err)
@@ -461,6 +480,7 @@ func TestKubernetes(t *testing.T) {
 		d.Restart()
 		waitAPI(t, d, "source stale after the restart", func(_ []api.Service, st api.Status) bool { stale, ok := kubeStale(st); return ok && stale })
 		waitAPI(t, d, "web listed with be1 healthy after the restart during the outage", beHealth("healthy"))
+		waitAPI(t, d, vip4.String()+" announced after the restart during the outage", func(_ []api.Service, st api.Status) bool { return announced(st, vip4) })
 		hz["be1"].local.Store(false)
 		waitAPI(t, d, "be1 unhealthy after the restart during the outage", beHealth("unhealthy"))
 		hz["be1"].local.Store(true)
