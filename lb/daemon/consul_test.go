@@ -42,16 +42,19 @@ func standInConsul(t *testing.T) string {
 
 func consulDaemon(t *testing.T, addr string) *Daemon {
 	t.Helper()
-	doc := `
-[daemon]
-admin_socket = "` + filepath.Join(t.TempDir(), "l4lb.sock") + `"
-[datapath]
-interfaces = ["lo"]
-mode = "dsr"
-[discovery.consul]
-address = "` + addr + `"
-`
-	cfg, err := config.Parse("test.toml", []byte(doc), config.Options{Dev: true})
+	return testDaemon(t, "[datapath]\ninterfaces = [\"lo\"]\nmode = \"dsr\"\n[discovery.consul]\naddress = \""+addr+"\"\n")
+}
+
+// testDaemon is a daemon, not running, of the config doc with its admin
+// socket (and the files named after it) in a temporary directory.
+func testDaemon(t *testing.T, doc string) *Daemon {
+	t.Helper()
+	return testDaemonAt(t, filepath.Join(t.TempDir(), "l4lb.sock"), doc)
+}
+
+func testDaemonAt(t *testing.T, socket, doc string) *Daemon {
+	t.Helper()
+	cfg, err := config.Parse("test.toml", []byte("[daemon]\nadmin_socket = \""+socket+"\"\n"+doc), config.Options{Dev: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,8 +3,6 @@
 package daemon
 
 import (
-	"io"
-	"log/slog"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -16,7 +14,6 @@ import (
 
 	"github.com/l4lb/l4lb/discovery"
 	"github.com/l4lb/l4lb/lb"
-	"github.com/l4lb/l4lb/lb/config"
 )
 
 // fullService sets every field of lb.Service, so that the file must carry
@@ -45,15 +42,7 @@ func fullService(name string, port uint16) lb.Service {
 
 func lastGoodDaemon(t *testing.T, socket string) *Daemon {
 	t.Helper()
-	cfg, err := config.Parse("test.toml", []byte("[daemon]\nadmin_socket = \""+socket+"\"\n[datapath]\ninterfaces = [\"lo\"]\n"), config.Options{Dev: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	d, err := New(Options{ConfigPath: "test.toml", Initial: cfg, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return d
+	return testDaemonAt(t, socket, "[datapath]\ninterfaces = [\"lo\"]\n")
 }
 
 // TestLastGood: a watched source's snapshot is kept on disk, a restarted
