@@ -66,6 +66,9 @@ type outcome struct {
 	eligible int
 	// generation is the Service's metadata.generation translated.
 	generation int64
+	// note is said with a Programmed condition: served, but not as the
+	// Service may expect.
+	note string
 }
 
 // result is one translation of the world.
@@ -619,6 +622,9 @@ func (t *translator) frontends(svc *corev1.Service, vips []netip.Addr, nodes []n
 				s.Health = t.nodeHealth(s.Health, p, svc, local)
 			}
 			s.Backends = bs
+			if local && st.backends != config.K8sPod && eff.ModeFor(proto) == lb.ModeSNAT && o.note == "" {
+				o.note = fmt.Sprintf("externalTrafficPolicy Local, but mode %s replaces the client's address with the LB box's on %s: set %s to dsr (or hybrid, for TCP) to keep it", eff.Mode, proto, AnnotationMode)
+			}
 			if ts := eff.TableSize; ts > 0 && len(bs) > int(ts) {
 				o.reason, o.message = ReasonInvalidConfig, fmt.Sprintf("%d backends but the Maglev table has %d slots: set %s to a larger prime", len(bs), ts, AnnotationTableSize)
 				return

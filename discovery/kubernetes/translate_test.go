@@ -406,6 +406,25 @@ func TestLocalTrafficPolicy(t *testing.T) {
 			}
 		})
 	}
+	// Local is there to keep the client's address: SNAT loses it, which
+	// the condition says; DSR keeps it and says nothing.
+	eps := slice("a", "web", map[string]int32{"http": 8080}, ep("10.244.2.5", "n2", true, true, false))
+	for _, tt := range []struct {
+		name string
+		svc  *corev1.Service
+		note string
+	}{
+		{"snat by default", svc, "mode snat replaces the client's address"},
+		{"dsr", lbSvc("a", "web", 1, local(32000), ann(AnnotationMode, "dsr")), ""},
+		{"hybrid over UDP", lbSvc("a", "web", 1, local(32000), ann(AnnotationMode, "hybrid"), func(s *corev1.Service) { s.Spec.Ports[0].Protocol = corev1.ProtocolUDP }), "mode hybrid replaces the client's address with the LB box's on udp"},
+		{"cluster policy", lbSvc("a", "web", 1), ""},
+	} {
+		r := translateAll(testCfg(), true, []*corev1.Service{tt.svc}, nodes, eps)
+		o := r.outcomes[key{"a", "web"}]
+		if o.reason != ReasonProgrammed || (tt.note == "") != (o.note == "") || !strings.Contains(o.note, tt.note) {
+			t.Errorf("%s: reason %s note %q, want Programmed and a note with %q", tt.name, o.reason, o.note, tt.note)
+		}
+	}
 }
 
 func TestPodBackends(t *testing.T) {

@@ -200,6 +200,9 @@ func (s *Source) writeStatus(ctx context.Context, rec record.EventRecorder, svc 
 			reason, msg = ReasonPending, "not in the datapath (yet): another discovery source may serve the frontend, or the datapath refused it; see l4lbctl status"
 		} else if reason == ReasonProgrammed {
 			msg = "VIPs " + joinAddrs(o.vips) + " are programmed"
+			if o.note != "" {
+				msg += "; " + o.note
+			}
 		}
 	}
 	if reason != ReasonInvalidConfig {
