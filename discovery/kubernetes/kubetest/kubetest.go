@@ -203,12 +203,24 @@ func StartWith(t testing.TB, o Options) *Cluster {
 		"--profiling=false",
 		"--v", "1",
 	}
+	// The credentials go in as data, not file names: client-go watches
+	// client certificate files from a goroutine that outlives the test
+	// and logs an error every few seconds once its directory is gone.
+	var tlsc rest.TLSClientConfig
+	for _, f := range []struct {
+		path string
+		into *[]byte
+	}{{pki.caCert, &tlsc.CAData}, {pki.adminCert, &tlsc.CertData}, {pki.adminKey, &tlsc.KeyData}} {
+		b, err := os.ReadFile(f.path)
+		if err != nil {
+			t.Fatalf("kubetest: %v", err)
+		}
+		*f.into = b
+	}
 	c.rest = &rest.Config{
-		Host: c.URL,
-		TLSClientConfig: rest.TLSClientConfig{
-			CAFile: pki.caCert, CertFile: pki.adminCert, KeyFile: pki.adminKey,
-		},
-		QPS: 200, Burst: 400,
+		Host:            c.URL,
+		TLSClientConfig: tlsc,
+		QPS:             200, Burst: 400,
 		Dial: o.Dial,
 	}
 	var err error
@@ -403,7 +415,7 @@ func (c *Cluster) Kubeconfig(ns, name string) string {
 		c.t.Fatalf("token for service account %s/%s: %v", ns, name, err)
 	}
 	cfg := clientcmdapi.NewConfig()
-	cfg.Clusters["kubetest"] = &clientcmdapi.Cluster{Server: c.URL, CertificateAuthority: c.rest.CAFile}
+	cfg.Clusters["kubetest"] = &clientcmdapi.Cluster{Server: c.URL, CertificateAuthorityData: c.rest.CAData}
 	cfg.AuthInfos[name] = &clientcmdapi.AuthInfo{Token: tok.Status.Token}
 	cfg.Contexts["kubetest"] = &clientcmdapi.Context{Cluster: "kubetest", AuthInfo: name}
 	cfg.CurrentContext = "kubetest"
