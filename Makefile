@@ -30,7 +30,7 @@ GENERATED := $(wildcard bpf/*_bpfel.go bpf/*_bpfel.o)
 export L4LB_PRIVILEGED_TESTS := 1
 TESTFLAGS ?= -count=1 -timeout 30m
 
-.PHONY: all build deps deps-demo generate check-generate check-tidy test test-unit lint demo bench install uninstall deb clean
+.PHONY: all build deps deps-demo generate check-generate check-tidy kube-tools test test-unit lint demo bench install uninstall deb clean
 
 all: build
 
@@ -68,13 +68,22 @@ CONSUL := $(BIN)/consul
 $(CONSUL): tests/tools/go.mod tests/tools/go.sum
 	cd tests/tools && $(GO) build -o $(abspath $(CONSUL)) github.com/hashicorp/consul
 
+# The kube-apiserver (v1.37.2) and etcd (v3.7.3) of the discovery/kubernetes
+# tests, built from the tools modules in tests/kubetools so that
+# k8s.io/kubernetes never enters go.mod, into a cache outside the checkout
+# keyed by version (${XDG_CACHE_HOME:-~/.cache}/l4lb/): the first build
+# takes a quarter of an hour or more and ~3 GB of memory, later ones are
+# skipped. scripts/kube-tools.sh --print says where they are.
+kube-tools:
+	@scripts/kube-tools.sh
+
 # go.mod and go.sum must be what `go mod tidy` makes them: a direct
 # dependency marked indirect, or a stale sum, fails the build here.
 check-tidy:
 	@$(GO) mod tidy -diff || { echo "go.mod/go.sum are not tidy: run go mod tidy"; exit 1; }
 	@cd packaging && $(GO) mod tidy -diff || { echo "packaging/go.mod is not tidy: cd packaging && go mod tidy"; exit 1; }
 
-test: deps check-generate check-tidy build $(CONSUL)
+test: deps check-generate check-tidy build $(CONSUL) kube-tools
 	$(GO) vet ./...
 	$(GO) test $(TESTFLAGS) ./...
 

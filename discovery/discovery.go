@@ -17,6 +17,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/l4lb/l4lb/lb"
 )
@@ -27,6 +28,33 @@ type Snapshot struct {
 	// Source names the origin, e.g. "file:/etc/l4lb/l4lb.toml" or "consul".
 	Source   string
 	Services []lb.Service
+}
+
+// Status is what a source that watches something outside l4lbd (Consul,
+// Kubernetes) reports for `l4lbctl status` and metrics: how current its
+// snapshots are, and what it left out.
+type Status struct {
+	// LastSync is when the source last knew its view to be complete and
+	// current. During an outage it stays put and Staleness grows. Zero
+	// until the first full view.
+	LastSync time.Time
+	// Healthy is true while the first full view is in and what the
+	// source watches answers.
+	Healthy bool
+	// Error says why the source is not Healthy.
+	Error string
+	// Errors are the definitions left out (or partly left out), one line
+	// per problem, each naming where it comes from, sorted.
+	Errors []string
+}
+
+// Staleness is how long the published services may have missed changes:
+// zero while Healthy, else the time since LastSync.
+func (s Status) Staleness(now time.Time) time.Duration {
+	if s.Healthy || s.LastSync.IsZero() {
+		return 0
+	}
+	return now.Sub(s.LastSync)
 }
 
 // Source publishes snapshots until its context ends.

@@ -250,6 +250,9 @@ func printStatus(out io.Writer, st api.Status) error {
 		if src.Error != "" {
 			state += ": " + src.Error
 		}
+		if src.StatusWriter {
+			state += " (this box writes Service status)"
+		}
 		fmt.Fprintf(tw, "discovery\t%s: %s\n", src.Name, state)
 		for _, e := range src.Errors {
 			fmt.Fprintf(tw, "\t  %s\n", e)

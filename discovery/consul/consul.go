@@ -113,33 +113,6 @@ func (o *Options) fill() {
 	}
 }
 
-// Status is what the source reports for `l4lbctl status` and metrics.
-type Status struct {
-	// LastSync is when Consul last answered every watch without error:
-	// while Healthy it is at most about Options.Wait old (blocking
-	// queries answer at least that often); during an outage it stays put
-	// and Staleness grows. Zero until the first answer.
-	LastSync time.Time
-	// Healthy is true when the last query of every watch succeeded and
-	// the first full view has been read.
-	Healthy bool
-	// Error says why the source is not Healthy: the latest error talking
-	// to Consul, or that it has not answered yet.
-	Error string
-	// Errors are the definitions left out (or partly left out), one line
-	// per problem, each naming the Consul service or KV key, sorted.
-	Errors []string
-}
-
-// Staleness is how long the published services may have missed changes
-// in Consul: zero while Healthy, else the time since LastSync.
-func (s Status) Staleness(now time.Time) time.Duration {
-	if s.Healthy || s.LastSync.IsZero() {
-		return 0
-	}
-	return now.Sub(s.LastSync)
-}
-
 // Source watches one Consul agent. Its Run may be called once.
 type Source struct {
 	cfg    config.Consul
@@ -374,10 +347,15 @@ func (s *Source) claims() *claims {
 }
 
 // Status reports the source's health for the daemon's status and metrics.
-func (s *Source) Status() Status {
+// LastSync is when Consul last answered every watch without error: while
+// Healthy it is at most about Options.Wait old (blocking queries answer at
+// least that often). Healthy means the last query of every watch succeeded
+// and the first full view has been read; Errors name the Consul service or
+// KV key of each definition left out.
+func (s *Source) Status() discovery.Status {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	st := Status{LastSync: s.synced, Healthy: s.state == stateOK && len(s.failing) == 0}
+	st := discovery.Status{LastSync: s.synced, Healthy: s.state == stateOK && len(s.failing) == 0}
 	if !st.Healthy {
 		st.Error = fmt.Sprintf("waiting for the first answers from Consul at %s", s.cfg.Address)
 		if ws := slices.Sorted(maps.Keys(s.failing)); len(ws) > 0 {

@@ -23,6 +23,7 @@ import (
 
 	"github.com/l4lb/l4lb/discovery"
 	"github.com/l4lb/l4lb/discovery/consul"
+	"github.com/l4lb/l4lb/internal/discoverytest"
 	"github.com/l4lb/l4lb/lb"
 	"github.com/l4lb/l4lb/lb/config"
 )
@@ -125,13 +126,13 @@ func (h *harness) waitFor(what string, ok func([]lb.Service) bool) []lb.Service 
 				return h.last
 			}
 		case <-deadline:
-			h.t.Fatalf("no snapshot with %s after %v; last one:\n%s\nstatus: %+v", what, waitTimeout, dump(h.last), h.src.Status())
+			h.t.Fatalf("no snapshot with %s after %v; last one:\n%s\nstatus: %+v", what, waitTimeout, discoverytest.Dump(h.last), h.src.Status())
 		}
 	}
 }
 
 // waitStatus polls Status until ok accepts it.
-func (h *harness) waitStatus(what string, ok func(consul.Status) bool) consul.Status {
+func (h *harness) waitStatus(what string, ok func(discovery.Status) bool) discovery.Status {
 	h.t.Helper()
 	deadline := time.Now().Add(waitTimeout)
 	for {
@@ -151,30 +152,9 @@ func (h *harness) waitStatus(what string, ok func(consul.Status) bool) consul.St
 	}
 }
 
-func dump(svcs []lb.Service) string {
-	var b strings.Builder
-	for _, s := range svcs {
-		fmt.Fprintf(&b, "  %s %s:", s.Name, s.Frontend)
-		for _, be := range s.Backends {
-			fmt.Fprintf(&b, " %s/w%d/%s", be.Addr, be.Weight, be.State)
-		}
-		b.WriteByte('\n')
-	}
-	return b.String()
-}
-
-func find(svcs []lb.Service, name string) (lb.Service, bool) {
-	for _, s := range svcs {
-		if s.Name == name {
-			return s, true
-		}
-	}
-	return lb.Service{}, false
-}
-
 // backends renders a service's backends as "addr/wN/state" for comparisons.
 func backends(svcs []lb.Service, name string) []string {
-	s, ok := find(svcs, name)
+	s, ok := discoverytest.Find(svcs, name)
 	if !ok {
 		return nil
 	}
@@ -194,7 +174,7 @@ func hasBackends(name string, want ...string) func([]lb.Service) bool {
 }
 
 func absent(name string) func([]lb.Service) bool {
-	return func(svcs []lb.Service) bool { _, ok := find(svcs, name); return !ok }
+	return func(svcs []lb.Service) bool { _, ok := discoverytest.Find(svcs, name); return !ok }
 }
 
 func all(preds ...func([]lb.Service) bool) func([]lb.Service) bool {
@@ -216,8 +196,8 @@ func meta(vip, port, proto string, extra ...string) map[string]string {
 	return m
 }
 
-func hasError(subs ...string) func(consul.Status) bool {
-	return func(st consul.Status) bool {
+func hasError(subs ...string) func(discovery.Status) bool {
+	return func(st discovery.Status) bool {
 		for _, e := range st.Errors {
 			ok := true
 			for _, s := range subs {
@@ -231,8 +211,8 @@ func hasError(subs ...string) func(consul.Status) bool {
 	}
 }
 
-func noError(sub string) func(consul.Status) bool {
-	return func(st consul.Status) bool {
+func noError(sub string) func(discovery.Status) bool {
+	return func(st discovery.Status) bool {
 		for _, e := range st.Errors {
 			if strings.Contains(e, sub) {
 				return false
@@ -262,7 +242,7 @@ func TestServicesFollowConsul(t *testing.T) {
 	svcs := h.waitFor("web and api", all(
 		hasBackends("web", "10.1.0.11:30080/w1/active", "10.1.0.12:30080/w3/active"),
 		hasBackends("api", "10.1.0.11:443/w1/active")))
-	web, _ := find(svcs, "web")
+	web, _ := discoverytest.Find(svcs, "web")
 	want := lb.Service{
 		Name:      "web",
 		Frontend:  lb.Frontend{Addr: netip.MustParseAddr("192.0.2.10"), Port: 80, Proto: lb.TCP},
@@ -277,10 +257,10 @@ func TestServicesFollowConsul(t *testing.T) {
 	if diff := cmp.Diff(want, web, cmp.Comparer(func(a, b netip.Addr) bool { return a == b }), cmp.Comparer(func(a, b netip.AddrPort) bool { return a == b })); diff != "" {
 		t.Errorf("web (-want +got):\n%s", diff)
 	}
-	if api1, _ := find(svcs, "api"); api1.Mode != lb.ModeDSR || api1.Dispatch != lb.DispatchGeneve {
+	if api1, _ := discoverytest.Find(svcs, "api"); api1.Mode != lb.ModeDSR || api1.Dispatch != lb.DispatchGeneve {
 		t.Errorf("api mode/dispatch = %v/%v, want dsr/geneve from its meta", api1.Mode, api1.Dispatch)
 	}
-	if _, ok := find(svcs, "db"); ok {
+	if _, ok := discoverytest.Find(svcs, "db"); ok {
 		t.Errorf("untagged service db was published")
 	}
 	if st := h.src.Status(); !st.Healthy || st.LastSync.IsZero() || len(st.Errors) > 0 {
@@ -323,7 +303,7 @@ func TestServicesFollowConsul(t *testing.T) {
 	// A malformed registration is rejected alone, with an error naming it.
 	a.register(t, inst{node: "n1", nodeAddr: "10.1.0.1", id: "bad-1", service: "bad", addr: "10.1.0.11", port: 8080, tags: tags, meta: meta("192.0.2.12", "http", "tcp")})
 	a.register(t, inst{node: "n1", nodeAddr: "10.1.0.1", id: "bad-vip-1", service: "badvip", addr: "10.1.0.11", port: 8080, tags: tags, meta: meta("192.0.2.300", "80", "tcp")})
-	h.waitStatus("the bad services' errors", func(st consul.Status) bool {
+	h.waitStatus("the bad services' errors", func(st discovery.Status) bool {
 		return hasError(`consul service "bad"`, "l4lb-port")(st) && hasError(`consul service "badvip"`, "192.0.2.300")(st)
 	})
 	// One instance that disagrees with the others is left out alone.
@@ -334,11 +314,11 @@ func TestServicesFollowConsul(t *testing.T) {
 		hasBackends("api", "10.1.0.11:443/w1/active"),
 		absent("bad"), absent("badvip")))
 	if len(svcs) != 3 {
-		t.Errorf("published %d services, want web, api and cache:\n%s", len(svcs), dump(svcs))
+		t.Errorf("published %d services, want web, api and cache:\n%s", len(svcs), discoverytest.Dump(svcs))
 	}
 	a.deregister(t, "n3", "web-3")
 	a.deregister(t, "n1", "bad-vip-1")
-	h.waitStatus("web-3's and badvip's errors gone", func(st consul.Status) bool {
+	h.waitStatus("web-3's and badvip's errors gone", func(st discovery.Status) bool {
 		return noError("web-3")(st) && noError("badvip")(st)
 	})
 
@@ -363,7 +343,7 @@ weight = 2
 		hasBackends("ntp", "10.1.0.43:123/w1/draining"),
 		hasBackends("web", "10.1.0.11:30080/w1/active", "10.1.0.12:30080/w3/active"),
 		absent("broken"), absent("other")))
-	h.waitStatus("the KV errors", func(st consul.Status) bool {
+	h.waitStatus("the KV errors", func(st discovery.Status) bool {
 		return hasError("consul KV l4lb/services/broken:3:", "port")(st) && hasError("consul KV l4lb/services/misnamed", "last element")(st)
 	})
 
@@ -374,12 +354,12 @@ vip = "192.0.2.10"
 port = 443
 protocol = "tcp"
 `)
-	h.waitStatus("the frontend conflict on both", func(st consul.Status) bool {
+	h.waitStatus("the frontend conflict on both", func(st discovery.Status) bool {
 		return hasError(`consul KV l4lb/services/api2`, `already served by consul service "api"`)(st) &&
 			hasError(`consul service "api"`, "also claimed by consul KV l4lb/services/api2")(st)
 	})
 	if svcs := h.waitFor("api still served", hasBackends("api", "10.1.0.11:443/w1/active")); !absent("api2")(svcs) {
-		t.Errorf("api2 was published despite the conflict:\n%s", dump(svcs))
+		t.Errorf("api2 was published despite the conflict:\n%s", discoverytest.Dump(svcs))
 	}
 	// The loser takes over once the winner goes away.
 	a.register(t, inst{node: "n1", nodeAddr: "10.1.0.1", id: "api-1", service: "api", addr: "10.1.0.11", port: 443, tags: []string{"v1"}, meta: meta("192.0.2.10", "443", "tcp")})
@@ -407,17 +387,17 @@ func TestOutageAndRestart(t *testing.T) {
 		a.put(t, fmt.Sprintf("l4lb/services/noise/%d/", i), "")
 	}
 	high := a.index(t)
-	h.waitStatus("healthy", func(st consul.Status) bool { return st.Healthy })
+	h.waitStatus("healthy", func(st discovery.Status) bool { return st.Healthy })
 
 	a.Kill()
-	down := h.waitStatus("unhealthy", func(st consul.Status) bool { return !st.Healthy })
+	down := h.waitStatus("unhealthy", func(st discovery.Status) bool { return !st.Healthy })
 	if down.Error == "" || down.LastSync.IsZero() {
 		t.Errorf("status during the outage = %+v, want an error and the last sync time", down)
 	}
 	// Last known good: nothing new is published while Consul is away.
 	select {
 	case snap := <-h.ch:
-		t.Errorf("snapshot published during the outage:\n%s", dump(snap.Services))
+		t.Errorf("snapshot published during the outage:\n%s", discoverytest.Dump(snap.Services))
 	case <-time.After(time.Second):
 	}
 	later := h.src.Status()
@@ -438,7 +418,7 @@ func TestOutageAndRestart(t *testing.T) {
 		t.Fatalf("the fresh agent's index %d is not below the old %d: the test does not exercise a backwards index", low, high)
 	}
 	h.waitFor("the fresh agent's view (web and dns gone, web2 there)", all(absent("web"), absent("dns"), hasBackends("web2", "10.1.0.91:30080/w1/active")))
-	up := h.waitStatus("healthy again", func(st consul.Status) bool { return st.Healthy })
+	up := h.waitStatus("healthy again", func(st discovery.Status) bool { return st.Healthy })
 	if !up.LastSync.After(down.LastSync) || up.Staleness(time.Now()) != 0 {
 		t.Errorf("status after recovery = %+v, want a newer LastSync and no staleness", up)
 	}
@@ -539,7 +519,7 @@ func TestTokenFile(t *testing.T) {
 	cfg = consulConfig(strings.TrimPrefix(srv.URL, "http://"))
 	cfg.TokenFile = tok
 	h := runSource(t, cfg, consul.Options{})
-	st := h.waitStatus("the ACL error", func(st consul.Status) bool { return strings.Contains(st.Error, "403") })
+	st := h.waitStatus("the ACL error", func(st discovery.Status) bool { return strings.Contains(st.Error, "403") })
 	if got, _ := seen.Load().(string); got != secret {
 		t.Errorf("agent saw token %q, want the file's content without the newline", got)
 	}

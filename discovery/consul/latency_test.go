@@ -4,9 +4,7 @@ package consul_test
 
 import (
 	"fmt"
-	"log/slog"
 	"net/netip"
-	"os"
 	"slices"
 	"testing"
 	"time"
@@ -15,11 +13,8 @@ import (
 
 	"github.com/l4lb/l4lb/discovery"
 	"github.com/l4lb/l4lb/discovery/consul"
+	"github.com/l4lb/l4lb/internal/discoverytest"
 	"github.com/l4lb/l4lb/lb"
-	"github.com/l4lb/l4lb/lb/datapath"
-	"github.com/l4lb/l4lb/lb/maglev"
-	"github.com/l4lb/l4lb/lb/reconciler"
-	"github.com/l4lb/l4lb/lb/reconciler/reconcilertest"
 )
 
 // latencyChanges is how many registrations and deregistrations are timed.
@@ -30,63 +25,6 @@ const latencyChanges = 120
 // rate limit, which a faster stream of changes would add.
 const latencyPace = 120 * time.Millisecond
 
-// pipeline is the part of the control plane after the source: merge,
-// defaults, reconcile into one datapath.
-type pipeline struct {
-	name   string
-	merger *discovery.Merger
-	rec    *reconciler.Reconciler
-	state  func() (reconciler.State, error)
-	lat    []time.Duration
-}
-
-// apply runs snap through the pipeline and reports whether the datapath
-// then holds backend addr of the frontend fe (as an entry in its table)
-// exactly when want says so.
-func (p *pipeline) apply(t *testing.T, snap discovery.Snapshot, defs lb.Defaults, fe lb.Frontend, addr netip.AddrPort, want bool) {
-	t.Helper()
-	p.merger.Update(snap)
-	merged, conflicts := p.merger.Desired()
-	if len(conflicts) > 0 {
-		t.Fatalf("%s: conflicts %v", p.name, conflicts)
-	}
-	desired := make([]lb.Service, len(merged))
-	for i, s := range merged {
-		desired[i] = s.WithDefaults(defs)
-	}
-	if err := p.rec.Reconcile(desired); err != nil {
-		t.Fatalf("%s: reconcile: %v", p.name, err)
-	}
-	st, err := p.state()
-	if err != nil {
-		t.Fatalf("%s: read state: %v", p.name, err)
-	}
-	if got := inTable(st, fe, addr); got != want {
-		t.Fatalf("%s: backend %s programmed = %v after reconcile, want %v", p.name, addr, got, want)
-	}
-}
-
-func inTable(st reconciler.State, fe lb.Frontend, addr netip.AddrPort) bool {
-	for _, s := range st.Services {
-		if s.Service.Frontend != fe {
-			continue
-		}
-		for _, b := range s.Backends {
-			if b.Addr == addr && slices.Contains(s.Table, b.ID) {
-				return true
-			}
-		}
-	}
-	return false
-}
-
-func percentile(ds []time.Duration, p float64) time.Duration {
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	i := int(p*float64(len(s))+0.999999) - 1
-	return s[max(0, min(i, len(s)-1))]
-}
-
 // TestPropagationLatency times registration -> snapshot -> reconciler state
 // over latencyChanges agent registrations and deregistrations, into the
 // fake datapath and, as root, into the real BPF maps. It logs the figures;
@@ -96,26 +34,7 @@ func TestPropagationLatency(t *testing.T) {
 	defs := lb.Defaults{Mode: lb.ModeDSR, Dispatch: lb.DispatchIPIP, TableSize: 251}
 	h := runSource(t, consulConfig(a.Addr), consul.Options{Defaults: defs})
 
-	seed := maglev.Seed{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}
-	rcfg := reconciler.Config{Seed: seed, MaxServices: 64, MaxBackends: 256}
-	fake := reconcilertest.NewFake()
-	pipes := []*pipeline{{
-		name: "fake datapath", merger: discovery.NewMerger(), rec: reconciler.New(rcfg, fake, nil),
-		state: func() (reconciler.State, error) { return fake.State(), nil },
-	}}
-	if os.Geteuid() == 0 {
-		dp, err := datapath.Load(datapath.Config{
-			Seed: seed, MaxServices: 64, MaxBackends: 256, ConntrackMax: 4096,
-			Log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
-		})
-		if err != nil {
-			t.Fatalf("load the datapath: %v", err)
-		}
-		t.Cleanup(func() { dp.Close() })
-		pipes = append(pipes, &pipeline{name: "BPF maps", merger: discovery.NewMerger(), rec: reconciler.New(rcfg, dp, nil), state: dp.State})
-	} else {
-		t.Log("not root: timing the fake datapath only")
-	}
+	pipes := discoverytest.Pipelines(t, defs)
 
 	fe := lb.Frontend{Addr: netip.MustParseAddr("192.0.2.50"), Port: 80, Proto: lb.TCP}
 	reg := func(i int) *api.AgentServiceRegistration {
@@ -127,12 +46,13 @@ func TestPropagationLatency(t *testing.T) {
 	if err := a.API.Agent().ServiceRegister(reg(1000)); err != nil {
 		t.Fatal(err)
 	}
-	h.waitFor("the lat service", func(svcs []lb.Service) bool { _, ok := find(svcs, "lat"); return ok })
+	h.waitFor("the lat service", func(svcs []lb.Service) bool { _, ok := discoverytest.Find(svcs, "lat"); return ok })
 	for _, p := range pipes {
-		p.apply(t, discovery.Snapshot{Source: consul.SourceName, Services: h.last}, defs, fe, netip.MustParseAddrPort("10.2.5.1:80"), true)
+		p.Apply(t, discovery.Snapshot{Source: consul.SourceName, Services: h.last}, fe, netip.MustParseAddrPort("10.2.5.1:80"), true)
 	}
 
 	var toSnap []time.Duration
+	toDP := make([][]time.Duration, len(pipes))
 	for i := range latencyChanges {
 		time.Sleep(latencyPace)
 		r := reg(i / 2)
@@ -149,21 +69,19 @@ func TestPropagationLatency(t *testing.T) {
 			t.Fatalf("change %d: %v", i, err)
 		}
 		svcs := h.waitFor(fmt.Sprintf("change %d (%s %v)", i, addr, add), func(svcs []lb.Service) bool {
-			s, _ := find(svcs, "lat")
+			s, _ := discoverytest.Find(svcs, "lat")
 			return slices.ContainsFunc(s.Backends, func(b lb.Backend) bool { return b.Addr == addr }) == add
 		})
 		got := time.Since(start)
 		toSnap = append(toSnap, got)
 		snap := discovery.Snapshot{Source: consul.SourceName, Services: svcs}
-		for _, p := range pipes {
-			t0 := time.Now()
-			p.apply(t, snap, defs, fe, addr, add)
-			p.lat = append(p.lat, got+time.Since(t0))
+		for i, p := range pipes {
+			toDP[i] = append(toDP[i], got+p.Apply(t, snap, fe, addr, add))
 		}
 	}
 	t.Logf("propagation over %d changes (agent registration/deregistration, %v apart):", latencyChanges, latencyPace)
-	t.Logf("  registration -> snapshot:          median %v, p99 %v", percentile(toSnap, 0.5).Round(time.Microsecond), percentile(toSnap, 0.99).Round(time.Microsecond))
-	for _, p := range pipes {
-		t.Logf("  registration -> %-17s median %v, p99 %v", p.name+":", percentile(p.lat, 0.5).Round(time.Microsecond), percentile(p.lat, 0.99).Round(time.Microsecond))
+	t.Logf("  registration -> snapshot:          %s", discoverytest.Summary(toSnap))
+	for i, p := range pipes {
+		t.Logf("  registration -> %-17s %s", p.Name+":", discoverytest.Summary(toDP[i]))
 	}
 }

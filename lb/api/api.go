@@ -40,7 +40,7 @@ type Status struct {
 	ReconcileError string   `json:"reconcile_error,omitempty"`
 	Reasons        []Reason `json:"reasons"`
 	// Discovery reports the sources that watch something outside l4lbd
-	// (Consul): whether their services may be out of date.
+	// (Consul, Kubernetes): whether their services may be out of date.
 	Discovery []SourceStatus `json:"discovery,omitempty"`
 	// BGP and L2 are the VIP announcers' state; nil when off.
 	BGP *BGPStatus `json:"bgp,omitempty"`
@@ -119,6 +119,9 @@ type SourceStatus struct {
 	Error string `json:"error,omitempty"`
 	// Errors are the definitions it left out, each naming its origin.
 	Errors []string `json:"errors,omitempty"`
+	// StatusWriter (Kubernetes) is true while this box holds the Lease
+	// and so is the one that writes Service status and Events.
+	StatusWriter bool `json:"status_writer,omitempty"`
 }
 
 // Reload is the outcome of the latest configuration (re)load.

@@ -97,6 +97,11 @@ const (
 	defaultConsulTag       = "l4lb"
 	defaultConsulKVPrefix  = "l4lb/services/"
 	defaultK8sClass        = "l4lb.io/l4lb"
+	defaultK8sQPS          = 20
+	defaultK8sBurst        = 40
+	defaultK8sLeaseNS      = "kube-system"
+	defaultK8sLeaseName    = "l4lb"
+	defaultKubeProxyPort   = 10256
 )
 
 // Config is a validated daemon configuration.
@@ -296,6 +301,108 @@ type Kubernetes struct {
 	Kubeconfig string
 	// LoadBalancerClass selects the LoadBalancer Services this box serves.
 	LoadBalancerClass string
+	// IncludeClassless also serves LoadBalancer Services that set no
+	// spec.loadBalancerClass. Off by default: turning on a class must
+	// never take over Services another controller serves.
+	IncludeClassless bool
+	// NodeSelector, when not empty, limits node backends to the Nodes
+	// carrying every one of these labels with these values.
+	NodeSelector map[string]string
+	// Pools hand out VIPs to Services that ask for none (lowest free
+	// address first). NamedPools are chosen with the l4lb.io/pool
+	// annotation. A requested address must lie in one of either.
+	Pools      []netip.Prefix
+	NamedPools map[string][]netip.Prefix
+	// Backends is what a Service's backends are unless its l4lb.io/backends
+	// annotation says otherwise.
+	Backends K8sBackends
+	// Health holds the checks given to Kubernetes backends.
+	Health K8sHealth
+	// QPS and Burst bound the client's request rate to the apiserver.
+	QPS   float64
+	Burst int
+	// LeaseNamespace and LeaseName name the coordination.k8s.io Lease that
+	// elects the one box that writes Service status and Events.
+	LeaseNamespace string
+	LeaseName      string
+}
+
+// K8sBackends is what the Kubernetes source turns into a Service's backends.
+type K8sBackends uint8
+
+// Backend kinds.
+const (
+	// K8sNodePort: the eligible Nodes, at the Service's NodePort.
+	K8sNodePort K8sBackends = iota
+	// K8sPod: the ready endpoints of the Service's EndpointSlices, for
+	// pod networks routable from the LB box.
+	K8sPod
+)
+
+// String returns the config name.
+func (b K8sBackends) String() string {
+	if b == K8sPod {
+		return "pod"
+	}
+	return "nodeport"
+}
+
+// ParseK8sBackends parses "nodeport" or "pod".
+func ParseK8sBackends(s string) (K8sBackends, error) {
+	switch s {
+	case "nodeport":
+		return K8sNodePort, nil
+	case "pod":
+		return K8sPod, nil
+	}
+	return 0, fmt.Errorf("unknown backends %q (want nodeport or pod)", s)
+}
+
+// ClusterCheck is how node backends of an externalTrafficPolicy=Cluster
+// Service are checked (Local ones are always checked on their
+// healthCheckNodePort).
+type ClusterCheck uint8
+
+// Cluster checks.
+const (
+	// ClusterCheckNodePort connects with TCP to the Service's NodePort.
+	ClusterCheckNodePort ClusterCheck = iota
+	// ClusterCheckKubeProxy asks kube-proxy's /healthz on KubeProxyPort.
+	ClusterCheckKubeProxy
+	// ClusterCheckNone checks nothing.
+	ClusterCheckNone
+)
+
+var clusterCheckNames = []string{"nodeport", "kube-proxy", "none"}
+
+// String returns the config name.
+func (c ClusterCheck) String() string {
+	if int(c) < len(clusterCheckNames) {
+		return clusterCheckNames[c]
+	}
+	return fmt.Sprintf("cluster-check-%d", uint8(c))
+}
+
+// ParseClusterCheck parses "nodeport", "kube-proxy" or "none".
+func ParseClusterCheck(s string) (ClusterCheck, error) {
+	for i, n := range clusterCheckNames {
+		if n == s {
+			return ClusterCheck(i), nil
+		}
+	}
+	return 0, fmt.Errorf("unknown check %q (want nodeport, kube-proxy or none)", s)
+}
+
+// K8sHealth are the health checks of Kubernetes backends; Services override
+// them with l4lb.io/health-* annotations.
+type K8sHealth struct {
+	Cluster       ClusterCheck
+	KubeProxyPort uint16
+	// Pod is the check of pod backends: HealthTCP or HealthNone.
+	Pod lb.HealthType
+	// Timing of every check.
+	Interval, Timeout time.Duration
+	Rise, Fall        int
 }
 
 // Default returns a configuration holding every default: no services, no

@@ -400,7 +400,7 @@ protocol = "tcp"
 			want: func() *Config {
 				c := base()
 				c.Consul = &Consul{Address: "127.0.0.1:8500", Tag: "l4lb", KVPrefix: "l4lb/services/", Stale: true, WarningState: lb.Active}
-				c.Kubernetes = &Kubernetes{LoadBalancerClass: "l4lb.io/l4lb"}
+				c.Kubernetes = k8sDefaults()
 				c.Fleet = &Fleet{KVPrefix: "l4lb/fleet/", SessionTTL: 15 * time.Second}
 				return c
 			},
@@ -450,6 +450,23 @@ register_self = true
 [discovery.kubernetes]
 kubeconfig = "/etc/l4lb/kubeconfig"
 load_balancer_class = "example.com/lb"
+include_classless = true
+node_selector = { "node-role.kubernetes.io/edge" = "", zone = "a" }
+pools = ["192.0.2.0/28", "2001:db8::/124", "198.51.100.7"]
+backends = "pod"
+qps = 7.5
+burst = 15
+lease_namespace = "l4lb"
+lease_name = "edge.l4lb"
+[discovery.kubernetes.named_pools]
+gold = ["203.0.113.0/29"]
+[discovery.kubernetes.health]
+cluster = "kube-proxy"
+kube_proxy_port = 10257
+pod = "none"
+interval = "1s"
+rise = 1
+fall = 2
 `,
 			want: func() *Config {
 				c := base()
@@ -458,7 +475,15 @@ load_balancer_class = "example.com/lb"
 					Datacenter: "dc2", Stale: false, TLSCAFile: "/ca.pem", TLSCertFile: "/cert.pem", TLSKeyFile: "/key.pem",
 					TLSServerName: "consul", WarningState: lb.Draining, RegisterSelf: true,
 				}
-				c.Kubernetes = &Kubernetes{Kubeconfig: "/etc/l4lb/kubeconfig", LoadBalancerClass: "example.com/lb"}
+				k := k8sDefaults()
+				k.Kubeconfig, k.LoadBalancerClass, k.IncludeClassless = "/etc/l4lb/kubeconfig", "example.com/lb", true
+				k.NodeSelector = map[string]string{"node-role.kubernetes.io/edge": "", "zone": "a"}
+				k.Pools = []netip.Prefix{netip.MustParsePrefix("192.0.2.0/28"), netip.MustParsePrefix("2001:db8::/124"), netip.MustParsePrefix("198.51.100.7/32")}
+				k.NamedPools = map[string][]netip.Prefix{"gold": {netip.MustParsePrefix("203.0.113.0/29")}}
+				k.Backends, k.QPS, k.Burst, k.LeaseNamespace, k.LeaseName = K8sPod, 7.5, 15, "l4lb", "edge.l4lb"
+				k.Health = K8sHealth{Cluster: ClusterCheckKubeProxy, KubeProxyPort: 10257, Pod: lb.HealthNone,
+					Interval: time.Second, Timeout: time.Second, Rise: 1, Fall: 2}
+				c.Kubernetes = k
 				c.Fleet = &Fleet{KVPrefix: "l4lb/fleet/", SessionTTL: 15 * time.Second}
 				return c
 			},
@@ -564,5 +589,15 @@ func TestServicesSource(t *testing.T) {
 	}
 	if got := c.Services[0].Source; got != "file:/etc/l4lb/l4lb.toml" {
 		t.Errorf("Source = %q, want file:/etc/l4lb/l4lb.toml", got)
+	}
+}
+
+// k8sDefaults is [discovery.kubernetes] with every default.
+func k8sDefaults() *Kubernetes {
+	return &Kubernetes{
+		LoadBalancerClass: "l4lb.io/l4lb", Backends: K8sNodePort, QPS: 20, Burst: 40,
+		LeaseNamespace: "kube-system", LeaseName: "l4lb",
+		Health: K8sHealth{Cluster: ClusterCheckNodePort, KubeProxyPort: 10256, Pod: lb.HealthTCP,
+			Interval: 5 * time.Second, Timeout: 2 * time.Second, Rise: 2, Fall: 3},
 	}
 }

@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"net/netip"
+	"slices"
 )
 
 // Host is what the checks that depend on the machine know of it. Parse
@@ -81,6 +83,7 @@ func (c *checker) host(raw *rawFile, cfg *Config, h *Host) {
 		}
 	}
 	c.hostAddresses(raw, cfg, h)
+	c.hostPools(raw, h)
 	// The estimate of a file with errors would be of defaults it did not mean.
 	if h.MapMemory != nil && len(c.errs) == 0 {
 		mem, err := h.MapMemory(cfg)
@@ -138,6 +141,39 @@ func (c *checker) hostAddresses(raw *rawFile, cfg *Config, h *Host) {
 			}
 			break
 		}
+	}
+}
+
+// hostPools refuses Kubernetes pools that hold one of the box's own
+// addresses: the allocation is the same on every box, so a Service would
+// sooner or later be given it, and this box would refuse to serve it.
+func (c *checker) hostPools(raw *rawFile, h *Host) {
+	if raw.Discovery == nil || raw.Discovery.Kubernetes == nil || len(h.Addresses) == 0 {
+		return
+	}
+	r := raw.Discovery.Kubernetes
+	s := scope{c: c}.sub("discovery").sub("kubernetes")
+	check := func(s scope, key string, v any) {
+		list, _ := v.([]any)
+		for i, e := range list {
+			str, _ := e.(string)
+			p, err := netip.ParsePrefix(str)
+			if err != nil {
+				continue // refused by the file's own checks
+			}
+			for _, a := range h.Addresses {
+				if own := a.Prefix.Addr().Unmap(); p.Contains(own) {
+					s.errorf(indexPath(key, i), "%s[%d] = %q holds %s, an address of this box (%s): a Service would be given it and this box would refuse to serve it; leave it out (split the pool around it)",
+						s.name(key), i, str, own, a.Interface)
+					break
+				}
+			}
+		}
+	}
+	check(s, "pools", r.Pools)
+	np := s.sub("named_pools")
+	for _, name := range slices.Sorted(maps.Keys(r.NamedPools)) {
+		check(np, name, r.NamedPools[name])
 	}
 }
 

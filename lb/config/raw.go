@@ -125,8 +125,28 @@ type rawConsul struct {
 }
 
 type rawKubernetes struct {
-	Kubeconfig        any `toml:"kubeconfig"`
-	LoadBalancerClass any `toml:"load_balancer_class"`
+	Kubeconfig        any                  `toml:"kubeconfig"`
+	LoadBalancerClass any                  `toml:"load_balancer_class"`
+	IncludeClassless  any                  `toml:"include_classless"`
+	NodeSelector      any                  `toml:"node_selector"`
+	Pools             any                  `toml:"pools"`
+	NamedPools        map[string]any       `toml:"named_pools"`
+	Backends          any                  `toml:"backends"`
+	QPS               any                  `toml:"qps"`
+	Burst             any                  `toml:"burst"`
+	LeaseNamespace    any                  `toml:"lease_namespace"`
+	LeaseName         any                  `toml:"lease_name"`
+	Health            *rawKubernetesHealth `toml:"health"`
+}
+
+type rawKubernetesHealth struct {
+	Cluster       any `toml:"cluster"`
+	KubeProxyPort any `toml:"kube_proxy_port"`
+	Pod           any `toml:"pod"`
+	Interval      any `toml:"interval"`
+	Timeout       any `toml:"timeout"`
+	Rise          any `toml:"rise"`
+	Fall          any `toml:"fall"`
 }
 
 type rawBGP struct {

@@ -5,9 +5,12 @@ package config
 import (
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/netip"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -539,7 +542,18 @@ func (c *checker) consul(r *rawConsul) *Consul {
 
 func (c *checker) kubernetes(r *rawKubernetes) *Kubernetes {
 	s := scope{c: c}.sub("discovery").sub("kubernetes")
-	out := &Kubernetes{LoadBalancerClass: defaultK8sClass}
+	out := &Kubernetes{
+		LoadBalancerClass: defaultK8sClass,
+		Backends:          K8sNodePort,
+		QPS:               defaultK8sQPS,
+		Burst:             defaultK8sBurst,
+		LeaseNamespace:    defaultK8sLeaseNS,
+		LeaseName:         defaultK8sLeaseName,
+		Health: K8sHealth{
+			Cluster: ClusterCheckNodePort, KubeProxyPort: defaultKubeProxyPort, Pod: lb.HealthTCP,
+			Interval: defaultHealthInterval, Timeout: defaultHealthTimeout, Rise: defaultHealthRise, Fall: defaultHealthFall,
+		},
+	}
 	if v, ok := s.str("kubeconfig", r.Kubeconfig); ok {
 		out.Kubeconfig = v
 	}
@@ -549,6 +563,209 @@ func (c *checker) kubernetes(r *rawKubernetes) *Kubernetes {
 		} else {
 			out.LoadBalancerClass = v
 		}
+	}
+	if v, ok := s.boolean("include_classless", r.IncludeClassless); ok {
+		out.IncludeClassless = v
+	}
+	out.NodeSelector = nodeSelector(s, r.NodeSelector)
+	var all []namedPrefix
+	if v, ok := s.strs("pools", r.Pools); ok || v != nil {
+		out.Pools, all = pools(s, "pools", v, "", all)
+	}
+	if len(r.NamedPools) > 0 {
+		np := s.sub("named_pools")
+		out.NamedPools = map[string][]netip.Prefix{}
+		for _, name := range slices.Sorted(maps.Keys(r.NamedPools)) {
+			if !labelValue.MatchString(name) || name == "" {
+				np.errorf(name, "pool name %q is not usable as an l4lb.io/pool annotation value: use letters, digits, '-', '_' and '.', starting and ending with a letter or digit", name)
+				continue
+			}
+			if v, ok := np.strs(name, r.NamedPools[name]); ok {
+				out.NamedPools[name], all = pools(np, name, v, name, all)
+			}
+		}
+	}
+	if b, ok := enum(s, "backends", r.Backends, ParseK8sBackends); ok {
+		out.Backends = b
+	}
+	if r.QPS != nil {
+		switch v := r.QPS.(type) {
+		case int64:
+			out.QPS = float64(v)
+		case float64:
+			out.QPS = v
+		default:
+			s.wrongType("qps", v, "a number")
+		}
+		if out.QPS <= 0 {
+			s.errorf("qps", "%s = %v must be positive: it is the client's steady request rate to the apiserver (default %d)", s.name("qps"), r.QPS, defaultK8sQPS)
+			out.QPS = defaultK8sQPS
+		}
+	}
+	if n, ok := s.intIn("burst", r.Burst, 1, 1<<20, fmt.Sprintf("use at least 1 (default %d)", defaultK8sBurst)); ok {
+		out.Burst = int(n)
+	}
+	if v, ok := s.str("lease_namespace", r.LeaseNamespace); ok {
+		if !dnsLabel.MatchString(v) {
+			s.errorf("lease_namespace", "%s = %q is not a Kubernetes namespace name (lower-case letters, digits and '-', at most 63)", s.name("lease_namespace"), v)
+		} else {
+			out.LeaseNamespace = v
+		}
+	}
+	if v, ok := s.str("lease_name", r.LeaseName); ok {
+		if !dnsSubdomain(v) {
+			s.errorf("lease_name", "%s = %q is not a Kubernetes object name (lower-case letters, digits, '-' and '.', at most 253)", s.name("lease_name"), v)
+		} else {
+			out.LeaseName = v
+		}
+	}
+	if r.Health != nil {
+		kubernetesHealth(s.sub("health"), r.Health, &out.Health)
+	}
+	return out
+}
+
+func kubernetesHealth(s scope, r *rawKubernetesHealth, h *K8sHealth) {
+	if v, ok := enum(s, "cluster", r.Cluster, ParseClusterCheck); ok {
+		h.Cluster = v
+	}
+	if p, ok := s.port("kube_proxy_port", r.KubeProxyPort); ok {
+		h.KubeProxyPort = p
+	}
+	if v, ok := enum(s, "pod", r.Pod, lb.ParseHealthType); ok {
+		if v != lb.HealthTCP && v != lb.HealthNone {
+			s.errorf("pod", "%s = %q: pod backends are checked with \"tcp\" or not at all (\"none\")", s.name("pod"), v)
+		} else {
+			h.Pod = v
+		}
+	}
+	intervalOK, timeoutOK := true, true
+	if r.Interval != nil {
+		h.Interval, intervalOK = s.duration("interval", r.Interval)
+	}
+	if r.Timeout != nil {
+		h.Timeout, timeoutOK = s.duration("timeout", r.Timeout)
+	} else if intervalOK {
+		h.Timeout = min(h.Timeout, h.Interval)
+	}
+	if intervalOK && timeoutOK && h.Timeout > h.Interval {
+		s.errorf("timeout", "%s (%s) is longer than %s (%s): a probe must finish before the next one starts", s.name("timeout"), h.Timeout, s.name("interval"), h.Interval)
+	}
+	if n, ok := s.intIn("rise", r.Rise, 1, 1<<31-1, "use at least 1 (default 2)"); ok {
+		h.Rise = int(n)
+	}
+	if n, ok := s.intIn("fall", r.Fall, 1, 1<<31-1, "use at least 1 (default 3)"); ok {
+		h.Fall = int(n)
+	}
+}
+
+// namedPrefix is a pool prefix with the pool it belongs to ("" for pools),
+// to find overlaps across every pool.
+type namedPrefix struct {
+	pool string
+	p    netip.Prefix
+}
+
+// pools parses one pool's prefixes. Overlapping pools would hand out one
+// address twice, so every prefix is checked against all seen so far.
+func pools(s scope, key string, v []string, pool string, all []namedPrefix) ([]netip.Prefix, []namedPrefix) {
+	var out []netip.Prefix
+	for i, str := range v {
+		k := indexPath(key, i)
+		p, err := netip.ParsePrefix(str)
+		if err != nil {
+			if a, aerr := netip.ParseAddr(str); aerr == nil {
+				p = netip.PrefixFrom(a, a.BitLen())
+			} else {
+				s.errorf(k, "%s[%d] = %q is not a prefix: write it like \"192.0.2.0/28\" or \"2001:db8::/120\"", s.name(key), i, str)
+				continue
+			}
+		}
+		if p.Addr().Zone() != "" || p.Addr().Is4In6() {
+			s.errorf(k, "%s[%d] = %q: write IPv4 pools as IPv4, without a zone", s.name(key), i, str)
+			continue
+		}
+		if p.Masked() != p {
+			s.errorf(k, "%s[%d] = %q has host bits set: did you mean %q?", s.name(key), i, str, p.Masked().String())
+			continue
+		}
+		clash := false
+		for _, o := range all {
+			if o.p.Overlaps(p) {
+				where := "pools"
+				if o.pool != "" {
+					where = "named_pools." + o.pool
+				}
+				s.errorf(k, "%s[%d] = %q overlaps %s in %s: one address would belong to two pools", s.name(key), i, str, o.p, where)
+				clash = true
+				break
+			}
+		}
+		if clash {
+			continue
+		}
+		all = append(all, namedPrefix{pool: pool, p: p})
+		out = append(out, p)
+	}
+	return out, all
+}
+
+// Kubernetes name rules, checked here so that a typo is a file:line error
+// rather than a selector that silently matches nothing.
+var (
+	dnsLabel   = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
+	labelValue = regexp.MustCompile(`^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$`)
+)
+
+func dnsSubdomain(v string) bool {
+	if v == "" || len(v) > 253 {
+		return false
+	}
+	for _, part := range strings.Split(v, ".") {
+		if !dnsLabel.MatchString(part) {
+			return false
+		}
+	}
+	return true
+}
+
+// labelKey checks a label key: an optional DNS-subdomain prefix and '/',
+// then a name of at most 63 characters.
+func labelKey(k string) bool {
+	prefix, name, found := strings.Cut(k, "/")
+	if !found {
+		name, prefix = prefix, ""
+	} else if !dnsSubdomain(prefix) {
+		return false
+	}
+	return name != "" && labelValue.MatchString(name)
+}
+
+func nodeSelector(s scope, v any) map[string]string {
+	if v == nil {
+		return nil
+	}
+	m, ok := v.(map[string]any)
+	if !ok {
+		s.wrongType("node_selector", v, `a table of labels, like { "node-role.kubernetes.io/edge" = "" }`)
+		return nil
+	}
+	out := map[string]string{}
+	ns := s.sub("node_selector")
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		val, ok := ns.str(k, m[k])
+		switch {
+		case !ok:
+		case !labelKey(k):
+			ns.errorf(k, "%s: %q is not a label key (an optional DNS prefix and '/', then at most 63 letters, digits, '-', '_' or '.')", s.name("node_selector"), k)
+		case !labelValue.MatchString(val):
+			ns.errorf(k, "%s: label value %q of %q is not valid (at most 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit)", s.name("node_selector"), val, k)
+		default:
+			out[k] = val
+		}
+	}
+	if len(out) == 0 {
+		return nil
 	}
 	return out
 }

@@ -3,108 +3,69 @@
 package daemon
 
 import (
-	"context"
 	"crypto/sha256"
 	"errors"
 	"os"
 	"reflect"
-	"sync"
-	"time"
 
-	"github.com/l4lb/l4lb/discovery"
 	"github.com/l4lb/l4lb/discovery/consul"
+	"github.com/l4lb/l4lb/discovery/kubernetes"
 	"github.com/l4lb/l4lb/lb"
-	"github.com/l4lb/l4lb/lb/api"
 	"github.com/l4lb/l4lb/lb/config"
 )
 
-// consulSource names the Consul source's snapshots.
-const consulSource = consul.SourceName
-
-// consulStartWait is how long a start waits for Consul's first snapshot
-// before programming the datapath. After a restart the pinned maps still
-// hold Consul's services; programming without them would withdraw them
-// until Consul answers.
-var consulStartWait = 10 * time.Second
+// Names of the snapshots of the sources that can own adopted services.
+const (
+	consulSource     = consul.SourceName
+	kubernetesSource = kubernetes.SourceName
+)
 
 // consulRun is one running Consul source and what it was started with.
 type consulRun struct {
-	src    *consul.Source
-	cfg    config.Consul
-	defs   lb.Defaults
-	token  [32]byte // hash of the token file, to notice a rotated token
-	out    chan discovery.Snapshot
-	ctx    context.Context
-	cancel context.CancelFunc
-	wg     sync.WaitGroup // Run and the forwarder
+	src   *consul.Source
+	cfg   config.Consul
+	defs  lb.Defaults
+	token [32]byte // hash of the token file, to notice a rotated token
+	*runner
 }
 
-// startConsul starts the Consul source when [discovery.consul] is set and
-// waits up to consulStartWait for its first snapshot, which it hands to the
-// merger. It runs on the control goroutine before the first apply. stop
-// ends whichever source is running when the daemon stops.
-func (d *Daemon) startConsul(ctx context.Context) (stop func(), err error) {
-	d.consulCtx = ctx
-	stop = func() {
-		if r := d.consulRun.Load(); r != nil {
-			r.stop()
-		}
-	}
-	if d.cfg.Consul == nil {
-		return stop, nil
-	}
-	r, err := d.newConsul(d.cfg)
-	if err != nil {
-		return nil, err
-	}
-	r.run()
-	select {
-	case snap := <-r.out:
-		d.merger.Update(snap)
-		d.sourceAnswered(snap.Source)
-		d.log.Info("Consul services read", "services", len(snap.Services))
-	case <-time.After(consulStartWait):
-		d.log.Warn("Consul has not answered yet; starting without its services, they follow as soon as it does", "address", d.cfg.Consul.Address, "waited", consulStartWait)
-	case <-ctx.Done():
-	}
-	r.forward(d.snaps)
-	d.consulRun.Store(r)
-	return stop, nil
-}
-
-// reloadConsul restarts the source when its settings, the service
-// defaults it validates against, or its token changed, and stops it when
-// [discovery.consul] is gone. The old source's services keep serving until
-// the new source's first snapshot replaces them. An error (an unreadable
-// token file) leaves the running source alone.
-func (d *Daemon) reloadConsul(cfg *config.Config) error {
+// reloadConsul prepares what a reload does to the Consul source: start a
+// new one when its settings, the service defaults it validates against,
+// or its token changed; stop it when [discovery.consul] is gone. Nothing
+// changes until commit is called. The old source's services keep serving
+// until the new source's first snapshot replaces them. An error (an
+// unreadable token file) leaves the running source alone.
+func (d *Daemon) reloadConsul(cfg *config.Config) (commit func(), err error) {
 	cur := d.consulRun.Load()
 	if cfg.Consul == nil {
 		if cur == nil {
-			return nil
+			return func() {}, nil
 		}
-		cur.stop()
-		d.consulRun.Store(nil)
-		d.dropConsulSnapshots()
-		d.merger.Remove(consul.SourceName)
-		d.log.Info("Consul source turned off")
-		return nil
+		return func() {
+			cur.stop()
+			d.consulRun.Store(nil)
+			d.dropSnapshots(consul.SourceName)
+			d.merger.Remove(consul.SourceName)
+			d.forgetLastGood(consul.SourceName)
+			d.log.Info("Consul source turned off")
+		}, nil
 	}
 	if cur != nil && reflect.DeepEqual(cur.cfg, *cfg.Consul) && cur.defs == cfg.Defaults() && cur.token == tokenHash(cfg.Consul.TokenFile) {
-		return nil
+		return func() {}, nil
 	}
 	r, err := d.newConsul(cfg)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	if cur != nil {
-		cur.stop()
-		d.log.Info("Consul settings changed; watching again")
-	}
-	r.run()
-	r.forward(d.snaps)
-	d.consulRun.Store(r)
-	return nil
+	return func() {
+		if cur != nil {
+			cur.stop()
+			d.log.Info("Consul settings changed; watching again")
+		}
+		r.run(r.src)
+		r.forward(d.snaps)
+		d.consulRun.Store(r)
+	}, nil
 }
 
 func (d *Daemon) newConsul(cfg *config.Config) (*consulRun, error) {
@@ -112,15 +73,12 @@ func (d *Daemon) newConsul(cfg *config.Config) (*consulRun, error) {
 	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithCancel(d.consulCtx)
 	return &consulRun{
 		src:    src,
 		cfg:    *cfg.Consul,
 		defs:   cfg.Defaults(),
 		token:  tokenHash(cfg.Consul.TokenFile),
-		out:    make(chan discovery.Snapshot),
-		ctx:    ctx,
-		cancel: cancel,
+		runner: newRunner(d.sourceCtx),
 	}, nil
 }
 
@@ -132,57 +90,6 @@ func tokenHash(path string) [32]byte {
 	return sha256.Sum256(data)
 }
 
-func (r *consulRun) run() {
-	r.wg.Add(1)
-	go func() {
-		defer r.wg.Done()
-		_ = r.src.Run(r.ctx, r.out)
-	}()
-}
-
-// forward passes the source's snapshots to the control loop until stopped.
-func (r *consulRun) forward(to chan<- discovery.Snapshot) {
-	r.wg.Add(1)
-	go func() {
-		defer r.wg.Done()
-		for {
-			select {
-			case snap := <-r.out:
-				select {
-				case to <- snap:
-				case <-r.ctx.Done():
-					return
-				}
-			case <-r.ctx.Done():
-				return
-			}
-		}
-	}()
-}
-
-// stop ends the source (which deregisters this box if it registered it)
-// and the forwarder, and waits for both.
-func (r *consulRun) stop() {
-	r.cancel()
-	r.wg.Wait()
-}
-
-// dropConsulSnapshots takes what is queued for the control loop and applies
-// all but the stopped Consul source's snapshots, which must not bring its
-// services back after the merger forgot them.
-func (d *Daemon) dropConsulSnapshots() {
-	for {
-		select {
-		case snap := <-d.snaps:
-			if snap.Source != consul.SourceName {
-				d.merger.Update(snap)
-			}
-		default:
-			return
-		}
-	}
-}
-
 // healthy feeds the TTL check of the box's own Consul registration: the box
 // is healthy while its datapath holds what discovery asks for.
 func (d *Daemon) healthy() error {
@@ -190,22 +97,4 @@ func (d *Daemon) healthy() error {
 		return errors.New("reconcile failed: " + v.recErr)
 	}
 	return nil
-}
-
-// discoveryStatus reports the sources that can go stale.
-func (d *Daemon) discoveryStatus() []api.SourceStatus {
-	r := d.consulRun.Load()
-	if r == nil {
-		return nil
-	}
-	st := r.src.Status()
-	now := time.Now()
-	return []api.SourceStatus{{
-		Name:         consul.SourceName,
-		LastSync:     st.LastSync,
-		Stale:        !st.Healthy,
-		StaleSeconds: st.Staleness(now).Seconds(),
-		Error:        st.Error,
-		Errors:       st.Errors,
-	}}
 }

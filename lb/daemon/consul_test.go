@@ -42,14 +42,19 @@ func standInConsul(t *testing.T) string {
 
 func consulDaemon(t *testing.T, addr string) *Daemon {
 	t.Helper()
-	doc := `
-[datapath]
-interfaces = ["lo"]
-mode = "dsr"
-[discovery.consul]
-address = "` + addr + `"
-`
-	cfg, err := config.Parse("test.toml", []byte(doc), config.Options{Dev: true})
+	return testDaemon(t, "[datapath]\ninterfaces = [\"lo\"]\nmode = \"dsr\"\n[discovery.consul]\naddress = \""+addr+"\"\n")
+}
+
+// testDaemon is a daemon, not running, of the config doc with its admin
+// socket (and the files named after it) in a temporary directory.
+func testDaemon(t *testing.T, doc string) *Daemon {
+	t.Helper()
+	return testDaemonAt(t, filepath.Join(t.TempDir(), "l4lb.sock"), doc)
+}
+
+func testDaemonAt(t *testing.T, socket, doc string) *Daemon {
+	t.Helper()
+	cfg, err := config.Parse("test.toml", []byte("[daemon]\nadmin_socket = \""+socket+"\"\n"+doc), config.Options{Dev: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,23 +66,23 @@ address = "` + addr + `"
 }
 
 func TestConsulLifecycle(t *testing.T) {
-	old := consulStartWait
-	consulStartWait = 5 * time.Second
-	t.Cleanup(func() { consulStartWait = old })
+	old := sourceStartWait
+	sourceStartWait = 5 * time.Second
+	t.Cleanup(func() { sourceStartWait = old })
 
 	d := consulDaemon(t, standInConsul(t))
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	stop, err := d.startConsul(ctx)
+	stop, err := d.startSources(ctx)
 	if err != nil {
-		t.Fatalf("startConsul: %v", err)
+		t.Fatalf("startSources: %v", err)
 	}
 	defer stop()
 	first := d.consulRun.Load()
 	if first == nil {
 		t.Fatal("no Consul source running with [discovery.consul] set")
 	}
-	// The first (empty) snapshot reached the merger before startConsul
+	// The first (empty) snapshot reached the merger before startSources
 	// returned; status shows the source.
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -91,9 +96,16 @@ func TestConsulLifecycle(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 
+	reload := func(cfg *config.Config) error {
+		commit, err := d.reloadConsul(cfg)
+		if err == nil {
+			commit()
+		}
+		return err
+	}
 	// A reload that changes nothing of Consul keeps the source.
 	same := *d.cfg
-	if err := d.reloadConsul(&same); err != nil || d.consulRun.Load() != first {
+	if err := reload(&same); err != nil || d.consulRun.Load() != first {
 		t.Fatalf("reload without change: err %v, restarted %v", err, d.consulRun.Load() != first)
 	}
 	// A changed setting restarts it.
@@ -101,14 +113,14 @@ func TestConsulLifecycle(t *testing.T) {
 	cc := *d.cfg.Consul
 	cc.Tag = "edge"
 	changed.Consul = &cc
-	if err := d.reloadConsul(&changed); err != nil || d.consulRun.Load() == first {
+	if err := reload(&changed); err != nil || d.consulRun.Load() == first {
 		t.Fatalf("reload with a new tag: err %v, restarted %v", err, d.consulRun.Load() != first)
 	}
 	second := d.consulRun.Load()
 	// So does a changed default the source validates against.
 	defs := changed
 	defs.Datapath.Mode = lb.ModeSNAT
-	if err := d.reloadConsul(&defs); err != nil || d.consulRun.Load() == second {
+	if err := reload(&defs); err != nil || d.consulRun.Load() == second {
 		t.Fatalf("reload with new defaults: err %v, restarted %v", err, d.consulRun.Load() != second)
 	}
 	third := d.consulRun.Load()
@@ -117,19 +129,19 @@ func TestConsulLifecycle(t *testing.T) {
 	bc := *defs.Consul
 	bc.TokenFile = filepath.Join(t.TempDir(), "missing")
 	bad.Consul = &bc
-	if err := d.reloadConsul(&bad); err == nil || !strings.Contains(err.Error(), "token_file") || d.consulRun.Load() != third {
+	if err := reload(&bad); err == nil || !strings.Contains(err.Error(), "token_file") || d.consulRun.Load() != third {
 		t.Fatalf("reload with a missing token file: err %v, source replaced %v", err, d.consulRun.Load() != third)
 	}
 	// A rotated token restarts it.
 	tok := filepath.Join(t.TempDir(), "token")
 	os.WriteFile(tok, []byte("one"), 0o600)
 	bc.TokenFile = tok
-	if err := d.reloadConsul(&bad); err != nil || d.consulRun.Load() == third {
+	if err := reload(&bad); err != nil || d.consulRun.Load() == third {
 		t.Fatalf("reload with a token file: err %v", err)
 	}
 	fourth := d.consulRun.Load()
 	os.WriteFile(tok, []byte("two"), 0o600)
-	if err := d.reloadConsul(&bad); err != nil || d.consulRun.Load() == fourth {
+	if err := reload(&bad); err != nil || d.consulRun.Load() == fourth {
 		t.Fatalf("reload with a rotated token: err %v, restarted %v", err, d.consulRun.Load() != fourth)
 	}
 
@@ -143,7 +155,7 @@ func TestConsulLifecycle(t *testing.T) {
 	d.snaps <- discovery.Snapshot{Source: d.file.Name(), Services: []lb.Service{{Name: "from-file", Frontend: fe(82)}}}
 	off := bad
 	off.Consul = nil
-	if err := d.reloadConsul(&off); err != nil || d.consulRun.Load() != nil {
+	if err := reload(&off); err != nil || d.consulRun.Load() != nil {
 		t.Fatalf("reload without [discovery.consul]: err %v, still running %v", err, d.consulRun.Load() != nil)
 	}
 	got, _ := d.merger.Desired()

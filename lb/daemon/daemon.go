@@ -73,19 +73,28 @@ type Daemon struct {
 	drainSince map[overrideKey]time.Time
 	drainCut   map[overrideKey]bool
 	drainTimer *time.Timer
-	// waiting is set while adopted services may belong to a source that
-	// has not answered yet (the reconciler keeps unclaimed services).
-	waiting bool
-	metrics *metrics.Recorder
+	// waitingFor are the sources that adopted services may belong to
+	// and that have not answered yet; while any is, the reconciler keeps
+	// unclaimed services.
+	waitingFor map[string]bool
+	// adopted are the frontends pinned in the datapath at start; saved
+	// and saveFailed what update last wrote of each watched source
+	// (lastgood.go).
+	adopted    map[lb.Frontend]bool
+	saved      map[string][]byte
+	saveFailed map[string]bool
+	metrics    *metrics.Recorder
 
 	// ann announces the VIPs (announce.go); nil before the first pass.
 	ann *announcers
 	// fleet is the fleet check (fleet.go); nil when off.
 	fleet *fleetRun
 
-	// The Consul source, when configured (consul.go).
+	// The Consul and Kubernetes sources, when configured (consul.go,
+	// kubernetes.go), and the context they run in (sources.go).
 	consulRun atomic.Pointer[consulRun]
-	consulCtx context.Context // control loop only
+	kubeRun   atomic.Pointer[kubeRun]
+	sourceCtx context.Context // control loop only
 
 	mu         sync.Mutex
 	lastReload api.Reload
@@ -145,6 +154,8 @@ func New(opts Options) (*Daemon, error) {
 		drainCut:   map[overrideKey]bool{},
 		drainTimer: time.NewTimer(time.Hour),
 		metrics:    metrics.NewRecorder(),
+		saved:      map[string][]byte{},
+		saveFailed: map[string]bool{},
 	}
 	d.drainTimer.Stop()
 	d.metrics.ConfigLoaded(time.Now())
@@ -233,11 +244,23 @@ func (d *Daemon) Run(ctx context.Context) error {
 	}
 	if n := len(st.Services); n > 0 {
 		d.log.Info("adopted pinned datapath state", "services", n)
+		// Until Consul and Kubernetes answer, an adopted service missing
+		// from the file may be one of theirs: keep it rather than drop
+		// its traffic.
+		d.adopted = map[lb.Frontend]bool{}
+		for _, s := range st.Services {
+			if s.HasEntry {
+				d.adopted[s.Service.Frontend] = true
+			}
+		}
+		d.waitingFor = map[string]bool{}
 		if cfg.Consul != nil {
-			// Until Consul answers, an adopted service missing from the
-			// file may be one of Consul's: keep it rather than drop
-			// its traffic.
-			d.waiting = true
+			d.waitingFor[consulSource] = true
+		}
+		if cfg.Kubernetes != nil {
+			d.waitingFor[kubernetesSource] = true
+		}
+		if len(d.waitingFor) > 0 {
 			rec.SetKeepUnclaimed(true)
 		}
 	}
@@ -252,11 +275,11 @@ func (d *Daemon) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 
-	stopConsul, err := d.startConsul(ctx)
+	stopSources, err := d.startSources(ctx)
 	if err != nil {
 		return err
 	}
-	defer stopConsul()
+	defer stopSources()
 
 	// Program the configuration before attaching, so the first packet the
 	// program sees already finds its service.
@@ -384,7 +407,7 @@ func (d *Daemon) loop(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case snap := <-d.snaps:
-			d.merger.Update(snap)
+			d.update(snap)
 			d.sourceAnswered(snap.Source)
 		case <-d.health.Events():
 			// Coalesce a burst of health changes into one pass.
@@ -479,7 +502,17 @@ func (d *Daemon) doReload() error {
 			return err
 		}
 	}
-	if err := d.reloadConsul(cfg); err != nil {
+	// Both sources are prepared before either is swapped, so that a
+	// rejected reload changes neither.
+	commitConsul, err := d.reloadConsul(cfg)
+	if err == nil {
+		var commitKubernetes func()
+		if commitKubernetes, err = d.reloadKubernetes(cfg); err == nil {
+			commitConsul()
+			commitKubernetes()
+		}
+	}
+	if err != nil {
 		d.rejected(err)
 		return err
 	}
@@ -528,10 +561,13 @@ func firstLine(s string) string {
 }
 
 // sourceAnswered ends the wait for sources after a restart once the last
-// source that could own adopted services (Consul) has answered.
+// source that could own adopted services (Consul, Kubernetes) has answered.
 func (d *Daemon) sourceAnswered(source string) {
-	if d.waiting && source == consulSource {
-		d.waiting = false
+	if !d.waitingFor[source] {
+		return
+	}
+	delete(d.waitingFor, source)
+	if len(d.waitingFor) == 0 {
 		d.rec.SetKeepUnclaimed(false)
 		d.log.Info("every discovery source answered; services no source claims are removed")
 	}
@@ -634,6 +670,7 @@ func (d *Daemon) apply() error {
 		d.log.Error("reconcile failed; retrying", "error", err)
 	}
 	state := d.rec.Programmed()
+	d.reportProgrammed(state)
 	index := indexProgrammed(d.cfg.Maglev.Seed, state, programmed)
 	// Probe every backend that has an entry, healthy or not: a backend
 	// that failed must be able to come back.
@@ -858,11 +895,13 @@ func Cleanup(cfg *config.Config, force bool) (Cleaned, error) {
 			c.Files = append(c.Files, cfg.Daemon.AdminSocket)
 		}
 	}
-	ov := OverridesPath(cfg.Daemon.AdminSocket)
-	if rerr := os.Remove(ov); rerr == nil {
-		c.Files = append(c.Files, ov)
-	} else if !errors.Is(rerr, os.ErrNotExist) {
-		errs = append(errs, rerr)
+	for _, f := range []string{OverridesPath(cfg.Daemon.AdminSocket),
+		LastGoodPath(cfg.Daemon.AdminSocket, consulSource), LastGoodPath(cfg.Daemon.AdminSocket, kubernetesSource)} {
+		if rerr := os.Remove(f); rerr == nil {
+			c.Files = append(c.Files, f)
+		} else if !errors.Is(rerr, os.ErrNotExist) {
+			errs = append(errs, rerr)
+		}
 	}
 	for _, ifc := range cfg.Datapath.Interfaces {
 		c.Left = append(c.Left, fmt.Sprintf("forwarding on %s (net.ipv4.conf.%s.forwarding, net.ipv6.conf.%s.forwarding and force_forwarding, which l4lbd turned on) stays on: turn it off with sysctl if nothing else on the box routes", ifc, ifc, ifc))

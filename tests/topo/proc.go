@@ -208,11 +208,13 @@ func (d *L4LBD) WriteConfig(config string) {
 // API returns a client for the daemon's admin socket.
 func (d *L4LBD) API() *api.Client { return api.NewClient(d.Socket) }
 
-// WaitReady waits (up to 20 s) for the admin API to answer.
+// WaitReady waits (up to 60 s) for the admin API to answer. A start loads
+// and verifies the BPF programs, which on a machine busy with other builds
+// and tests has taken over 20 s.
 func (d *L4LBD) WaitReady() {
 	t := d.Host.top.T
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
+	deadline := time.Now().Add(60 * time.Second)
 	for time.Now().Before(deadline) {
 		if d.Exited() {
 			t.Fatalf("%s: l4lbd exited: %v\n%s", d.Host.Name, d.err, d.Log())
@@ -225,7 +227,7 @@ func (d *L4LBD) WaitReady() {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	t.Fatalf("%s: l4lbd not ready after 20s\n%s", d.Host.Name, d.Log())
+	t.Fatalf("%s: l4lbd not ready after 60s\n%s", d.Host.Name, d.Log())
 }
 
 // Reload sends SIGHUP and waits until the daemon reports the new reload.

@@ -1,0 +1,114 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package daemon
+
+import (
+	"net/netip"
+	"os"
+	"path/filepath"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/l4lb/l4lb/discovery"
+	"github.com/l4lb/l4lb/lb"
+)
+
+// fullService sets every field of lb.Service, so that the file must carry
+// each one.
+func fullService(name string, port uint16) lb.Service {
+	return lb.Service{
+		Name:         name,
+		Frontend:     lb.Frontend{Addr: netip.MustParseAddr("192.0.2.1"), Port: port, Proto: lb.UDP},
+		Mode:         lb.ModeDSR,
+		Dispatch:     lb.DispatchGeneve,
+		TableSize:    251,
+		Algorithm:    lb.Random,
+		Affinity:     lb.Affinity{ClientIP: true, Timeout: time.Minute},
+		SourceRanges: []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24")},
+		Health: lb.HealthCheck{Type: lb.HealthHTTP, Port: 10256, Interval: time.Second, Timeout: time.Second / 2,
+			Rise: 2, Fall: 3, Path: "/healthz", ExpectStatus: 200, Send: "s", Expect: "e"},
+		DrainTimeout: time.Hour,
+		Announce:     lb.Announce{Off: true, MinHealthy: 2},
+		Backends: []lb.Backend{
+			{Addr: netip.MustParseAddrPort("10.0.0.1:30080"), Weight: 3, State: lb.Draining},
+			{Addr: netip.MustParseAddrPort("[2001:db8::1]:30080"), Weight: 1, State: lb.Active},
+		},
+		Source: kubernetesSource,
+	}
+}
+
+func lastGoodDaemon(t *testing.T, socket string) *Daemon {
+	t.Helper()
+	return testDaemonAt(t, socket, "[datapath]\ninterfaces = [\"lo\"]\n")
+}
+
+// TestLastGood: a watched source's snapshot is kept on disk, a restarted
+// daemon whose source has not answered gets back exactly the saved
+// services it finds pinned, and a source turned off leaves nothing behind.
+func TestLastGood(t *testing.T) {
+	svc := fullService("e2e.web.80-udp", 80)
+	v := reflect.ValueOf(svc)
+	for i := range v.NumField() {
+		if v.Field(i).IsZero() {
+			t.Fatalf("fullService leaves lb.Service.%s unset: set it, so that the file is shown to carry it", v.Type().Field(i).Name)
+		}
+	}
+	other := fullService("e2e.gone.81-udp", 81)
+	socket := filepath.Join(t.TempDir(), "l4lb.sock")
+	path := LastGoodPath(socket, kubernetesSource)
+
+	d := lastGoodDaemon(t, socket)
+	d.update(discovery.Snapshot{Source: d.file.Name(), Services: []lb.Service{{Name: "from-file"}}})
+	if _, err := os.Stat(LastGoodPath(socket, d.file.Name())); err == nil {
+		t.Error("the file source's snapshot was kept; only watched sources need it")
+	}
+	d.update(discovery.Snapshot{Source: kubernetesSource, Services: []lb.Service{svc, other}})
+	first, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("the Kubernetes snapshot was not kept: %v", err)
+	}
+	// An unchanged snapshot is not written again.
+	time.Sleep(10 * time.Millisecond) // a rewrite would carry a later time
+	d.update(discovery.Snapshot{Source: kubernetesSource, Services: []lb.Service{svc, other}})
+	if again, _ := os.ReadFile(path); string(again) != string(first) {
+		t.Error("an unchanged snapshot was written again")
+	}
+
+	// A restart during an outage: only the services still pinned return,
+	// unchanged, and the file keeps them all for the next restart.
+	r := lastGoodDaemon(t, socket)
+	r.adopted = map[lb.Frontend]bool{svc.Frontend: true}
+	r.restoreLastGood(kubernetesSource)
+	got, _ := r.merger.Desired()
+	if diff := cmp.Diff([]lb.Service{svc}, got, cmp.Comparer(func(a, b netip.Addr) bool { return a == b }),
+		cmp.Comparer(func(a, b netip.Prefix) bool { return a == b }), cmp.Comparer(func(a, b netip.AddrPort) bool { return a == b })); diff != "" {
+		t.Errorf("restored services (-want +got):\n%s", diff)
+	}
+	if again, _ := os.ReadFile(path); string(again) != string(first) {
+		t.Error("restoring rewrote the file; a second restart would lose the services not pinned")
+	}
+
+	// A broken file restores nothing (and says so in the log).
+	if err := os.WriteFile(path, []byte("{"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	b := lastGoodDaemon(t, socket)
+	b.adopted = map[lb.Frontend]bool{svc.Frontend: true}
+	b.restoreLastGood(kubernetesSource)
+	if got, _ := b.merger.Desired(); len(got) != 0 {
+		t.Errorf("a broken file restored %d services", len(got))
+	}
+
+	// Turned off: the file goes.
+	b.forgetLastGood(kubernetesSource)
+	if _, err := os.Stat(path); !os.IsNotExist(err) {
+		t.Errorf("the file of a source turned off is still there: %v", err)
+	}
+	b.restoreLastGood(kubernetesSource)
+	if got, _ := b.merger.Desired(); len(got) != 0 {
+		t.Errorf("restored %d services without a file", len(got))
+	}
+}
