@@ -52,6 +52,7 @@ struct packet {
 #define PKT_IP6_EXT 0x2  /* IPv6 extension headers: order, TLVs, routing */
 #define PKT_UDP_LEN 0x4  /* UDP length shorter than the IP payload */
 #define PKT_TTL0    0x8  /* TTL / hop limit 0: no hop may forward it */
+#define PKT_MARTIAN 0x10 /* a source no host accepts (ip_route_input, ipv6_rcv) */
 
 /* The service-map key of the frontend a flow is addressed to. */
 static __always_inline void svc_key_of(struct svc_key *sk, const struct flow_key *k)
@@ -116,6 +117,13 @@ static __always_inline int parse_packet(void *data, void *data_end, struct packe
 			p->checks |= PKT_IP_OPTS;
 		if (iph->ttl == 0)
 			p->checks |= PKT_TTL0;
+		{
+			/* 0/8, 127/8, multicast, limited broadcast. */
+			__u8 a0 = ((__u8 *)&iph->saddr)[0];
+
+			if (a0 == 0 || a0 == 127 || (a0 & 0xf0) == 0xe0 || iph->saddr == 0xffffffff)
+				p->checks |= PKT_MARTIAN;
+		}
 		p->family = 4;
 		p->l3_len = tot;
 		p->tos = iph->tos;
@@ -142,6 +150,11 @@ static __always_inline int parse_packet(void *data, void *data_end, struct packe
 		p->l3_len = sizeof(*ip6h) + bpf_ntohs(ip6h->payload_len);
 		if (ip6h->hop_limit == 0)
 			p->checks |= PKT_TTL0;
+		/* Multicast (ff00::/8) or loopback (::1). */
+		if (ip6h->saddr.in6_u.u6_addr8[0] == 0xff ||
+		    (!(ip6h->saddr.in6_u.u6_addr32[0] | ip6h->saddr.in6_u.u6_addr32[1] | ip6h->saddr.in6_u.u6_addr32[2]) &&
+		     ip6h->saddr.in6_u.u6_addr32[3] == bpf_htonl(1)))
+			p->checks |= PKT_MARTIAN;
 		p->tos = (ip6h->priority << 4) | (ip6h->flow_lbl[0] >> 4);
 		p->frag_df = 0;
 		copy16(p->key.src, &ip6h->saddr);

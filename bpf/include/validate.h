@@ -27,6 +27,8 @@
  *    (they need the box's policy, as CIPSO); headers longer than
  *    VALIDATE_EXT_MAX are not checked but passed;
  *  - a UDP length equal to the IP payload's;
+ *  - a source address a host accepts: not 0/8, 127/8, multicast or the
+ *    limited broadcast; not ::1 or ff00::/8;
  *  - a TTL / hop limit above 0: the opt dispatch keeps the client's, and
  *    a packet that arrived with 0 must not leave so (RFC 791, RFC 8200).
  * Trailing bytes after the IP packet (Ethernet padding) are allowed; every
@@ -81,6 +83,10 @@ static __always_inline int validate_fast(const struct hook *h, const struct pack
 		return L4LB_R_PASS_UDP_LENGTH;
 	if (checks & PKT_TTL0)
 		return L4LB_R_PASS_TTL_EXCEEDED;
+	/* Counted with malformed headers: the reasons map is sized by the
+	 * enum, and a new reason would change the pinned map's size. */
+	if (checks & PKT_MARTIAN)
+		return L4LB_R_PASS_MALFORMED_L3;
 	if (p->family == 4 && !(checks & PKT_IP_OPTS) && !ipv4_csum_ok(h, p->l3_off))
 		return L4LB_R_PASS_IP_CSUM;
 	*slow = checks & (PKT_IP_OPTS | PKT_IP6_EXT);

@@ -135,6 +135,24 @@ func TestValidate(t *testing.T) {
 		{name: "timestamp full, overflow 15", reason: "pass_ip_options", frame: e.v4opts(t, 0x44, 8, 9, 0xf0, 1, 2, 3, 4)},
 		{name: "timestamp full, overflow 14", frame: e.v4opts(t, 0x44, 8, 9, 0xe0, 1, 2, 3, 4)},
 	}
+	// Sources no host accepts.
+	for _, src := range []string{"0.1.8.0", "127.0.0.1", "224.0.0.1", "255.255.255.255", "::1", "ff02::1", "ff00:db8:1::7"} {
+		a := netip.MustParseAddr(src)
+		fam := families[0]
+		if a.Is6() {
+			fam = families[1]
+		}
+		good := e.frame(t, vipPacket(fam, layers.IPProtocolTCP))
+		tests = append(tests, malformedCase{name: "source " + src, reason: "pass_malformed_l3",
+			frame: patch(t, good, func(b []byte, l pkttest.Layout) {
+				if l.Family == 4 {
+					copy(b[l.L3+12:], a.AsSlice())
+					pkttest.FixIPv4Checksum(b, l)
+				} else {
+					copy(b[l.L3+8:], a.AsSlice())
+				}
+			})})
+	}
 	// TTL / hop limit 0: the opt dispatch would send it on with 0.
 	for _, fam := range families {
 		good := e.frame(t, vipPacket(fam, layers.IPProtocolTCP))
