@@ -17,7 +17,8 @@ import (
 //
 // Where the kernel's verdict depends on configuration, the checker takes the
 // defaults of a box that is not a router for source routes and has no
-// IPsec, segment routing, CIPSO or jumbogram setup. It is deliberately not
+// segment routing, CIPSO or jumbogram setup (IPsec headers are walked, not
+// refused: the backend may hold the security association). It is deliberately not
 // stricter than the kernel anywhere else: TCP options and L4 checksums are
 // the endpoints' business (the kernel drops a bad checksum at delivery,
 // which harms nobody), so they are reported (Strict.L4SumOK) but not errors.
@@ -103,7 +104,6 @@ const (
 	ipProtoTCP    = 6
 	ipProtoUDP    = 17
 	ipProtoIPv6   = 41
-	ipProtoESP    = 50
 	ipProtoICMPv6 = 58
 	ipProtoNoNext = 59
 
@@ -297,9 +297,12 @@ func checkIPv6(frame []byte, l3, end int, m StrictMode, depth int) (*Strict, err
 		case protoFragment:
 			hl = 8
 		case protoAH:
-			return nil, bad("ipv6-ipsec", "IPv6: AH (no security association)")
-		case ipProtoESP:
-			return nil, bad("ipv6-ipsec", "IPv6: ESP (no security association)")
+			// Whether the receiver has its security association is
+			// configuration, not syntax: only the length is checked.
+			if pos+8 > len(ip) {
+				return nil, bad("ipv6-header", "IPv6: AH at %d past the payload", pos)
+			}
+			hl = (int(ip[pos+1]) + 2) * 4
 		default:
 			s := &Strict{L3: l3, Family: 6, IPLen: 40 + plen, L4: l3 + pos, Proto: next, TTL: ip[7], Trailing: len(b) - len(ip)}
 			if err := checkTail(frame, s, m, depth); err != nil {

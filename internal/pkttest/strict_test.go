@@ -91,6 +91,7 @@ func TestCheckStrict(t *testing.T) {
 		{"routing header, none left", v6ext(t, rh(0, 0)), StrictMode{}, ""},
 		{"routing header, one left", v6ext(t, rh(1, 0)), StrictMode{}, "ipv6-routing"},
 		{"segment routing header", v6ext(t, rh(0, 4)), StrictMode{}, "ipv6-routing-type"},
+		{"AH", v6ext(t, Ext{Type: 51, Body: []byte{0, 0, 0, 0, 0, 1}}), StrictMode{}, ""},
 		{"payload length 0", edit(t, udp6, func(b []byte, l Layout) { binary.BigEndian.PutUint16(b[l.L3+4:], 0) }), StrictMode{}, "ipv6-header"},
 		{"TCP data offset 4", edit(t, tcp4, func(b []byte, l Layout) { b[l.L4+12] = 4 << 4 }), StrictMode{}, "tcp-header"},
 		{"TCP data offset past the packet", edit(t, tcp4, func(b []byte, l Layout) { b[l.L4+12] = 15 << 4 }), StrictMode{}, "tcp-header"},

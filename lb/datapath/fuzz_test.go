@@ -106,6 +106,10 @@ type fuzzEnv struct {
 	seedNames map[string]string
 	// reasonNames are the datapath's reasons, by index.
 	reasonNames []string
+	// lbMAC is lb0's MAC, and neighMACs the neighbours' (backends, the
+	// router): what a frame the LB sends carries as source and destination.
+	lbMAC     []byte
+	neighMACs map[string]bool
 	// exits counts inputs by (hook, verdict class, reason), logged at the
 	// end: which of the datapath's exits the inputs reached.
 	exits map[string]int
@@ -169,6 +173,11 @@ func newFuzzEnv(t testing.TB) *fuzzEnv {
 		exits:     map[string]int{},
 	}
 	fz.reasonNames = fz.e.lb.ReasonNames()
+	fz.lbMAC = fz.e.lbMAC
+	fz.neighMACs = map[string]bool{string(routerMAC): true}
+	for _, b := range append(append([]netip.Addr{}, backends4...), backends6...) {
+		fz.neighMACs[string(backendMAC(b))] = true
+	}
 	for _, r := range strings.Split(os.Getenv("L4LB_FUZZ_TOLERATE"), ",") {
 		if r = strings.TrimSpace(r); r != "" {
 			fz.tolerate[r] = true
@@ -423,6 +432,18 @@ func (fz *fuzzEnv) seeds(t testing.TB) []fuzzSeed {
 		"IPv6 routing header, one left":         e.v6ext(t, pkttest.Ext{Type: rt, Body: append([]byte{0, 1, 0, 0, 0, 0}, netip.MustParseAddr("2001:db8::99").AsSlice()...)}),
 		"IPv6 eight dstopts":                    e.v6ext(t, pkttest.Ext{Type: dst, Body: tlvs(0x1e, 0, 0x1e, 0, 0x1e, 0, 0x1e, 0, 0x1e, 0, 0x1e, 0, 0x1e, 0, 0x1e, 0)}),
 		"ARP":                                   pkttest.BuildARP(t, pkttest.ClientMAC, client4, lbAddr4),
+		// Borderline cases of the kernel's rules (pkttest.CheckStrict).
+		"IPv4 timestamp full, overflow 15":          e.v4opts(t, 0x44, 8, 9, 0xf0, 0, 0, 0, 0),
+		"IPv4 timestamp flags 3, full, overflow 15": e.v4opts(t, 0x44, 12, 13, 0xf3, 0, 0, 0, 0, 0, 0, 0, 0),
+		"IPv6 dstopts PadN with a non-zero byte":    e.v6ext(t, pkttest.Ext{Type: dst, Body: []byte{1, 4, 0, 0, 0, 1}}),
+		"IPv6 dstopts of 14 Pad1s":                  e.v6ext(t, pkttest.Ext{Type: dst, Body: make([]byte, 14)}),
+		"IPv6 nine dstopts":                         e.v6ext(t, pkttest.Ext{Type: dst, Body: tlvs(0x1e, 0, 0x1e, 0, 0x1e, 0, 0x1e, 0, 0x1e, 0, 0x1e, 0, 0x1e, 0, 0x1e, 0, 0x1e, 0)}),
+		"IPv6 hop-by-hop router alert of length 4":  e.v6ext(t, pkttest.Ext{Type: hbh, Body: tlvs(5, 4, 0, 0, 0, 0)}),
+		"IPv6 hop-by-hop CALIPSO of length 2":       e.v6ext(t, pkttest.Ext{Type: hbh, Body: tlvs(7, 2, 0, 0)}),
+		"IPv6 segment routing header, none left":    e.v6ext(t, pkttest.Ext{Type: rt, Body: append([]byte{4, 0, 0, 0, 0, 0}, netip.MustParseAddr("2001:db8::99").AsSlice()...)}),
+		"IPv6 RPL routing header, none left":        e.v6ext(t, pkttest.Ext{Type: rt, Body: append([]byte{3, 0, 0, 0, 0, 0}, netip.MustParseAddr("2001:db8::99").AsSlice()...)}),
+		"IPv6 AH":                                   e.v6ext(t, pkttest.Ext{Type: 51, Body: []byte{0, 0, 0, 0, 0, 1}}),
+		"IPv6 atomic fragment":                      e.v6ext(t, pkttest.Ext{Type: layers.IPProtocolIPv6Fragment, Body: []byte{0, 0, 0, 0, 0, 7}}),
 	} {
 		add(name, 0, frame)
 	}
@@ -442,6 +463,25 @@ var fuzzSeedsAwaitingFix = map[string]string{
 	"ipv6 UDP hop-by-hop and destination options":     "ipv6-padding",
 	"ipv6 TCP six extension headers (the walk limit)": "ipv6-padding",
 	"ipv6 UDP six extension headers (the walk limit)": "ipv6-padding",
+	// ip6_parse_tlv: PadN bytes must be zero, padding runs at most 7
+	// bytes, at most 8 options other than padding (max_dst_opts_number).
+	"IPv6 dstopts PadN with a non-zero byte": "ipv6-padding",
+	"IPv6 dstopts of 14 Pad1s":               "ipv6-padding",
+	"IPv6 nine dstopts":                      "ipv6-tlv-count",
+	// ipv6_hop_ra drops a router alert whose length is not 2;
+	// ipv6_hop_calipso one shorter than 8.
+	"IPv6 hop-by-hop router alert of length 4": "ipv6-tlv-known",
+	"IPv6 hop-by-hop CALIPSO of length 2":      "ipv6-tlv-known",
+	// ipv6_rthdr_rcv hands segment routing (4) and RPL (3) headers to
+	// ipv6_srh_rcv / ipv6_rpl_srh_rcv, which drop them while
+	// seg6_enabled / rpl_seg_enabled are 0 (the default), even with no
+	// segments left.
+	"IPv6 segment routing header, none left": "ipv6-routing-type",
+	"IPv6 RPL routing header, none left":     "ipv6-routing-type",
+	// ip_options_compile: a full timestamp option (pointer past its
+	// length) whose overflow count is already 15 is a parameter problem
+	// (for flags other than 3, prespecified addresses).
+	"IPv4 timestamp full, overflow 15": "ipv4-ts-overflow",
 }
 
 // FuzzDatapath: see the top of this file.
@@ -626,6 +666,16 @@ func (fz *fuzzEnv) check(k hook, in []byte, r result, moved map[string]uint64) [
 		var more []string
 		kind, more = fz.checkForwarded(in, r.out, reason)
 		problems = append(problems, more...)
+		// The stack forwards what it is handed with the MACs it
+		// arrived with; what leaves directly has the next hop's.
+		if forwarded && fz.lbMAC != nil && len(r.out) >= 14 {
+			if !bytes.Equal(r.out[6:12], fz.lbMAC) {
+				fail("sent from MAC %x, not lb0's %x", r.out[6:12], fz.lbMAC)
+			}
+			if !fz.neighMACs[string(r.out[0:6])] {
+				fail("sent to MAC %x, no neighbour's", r.out[0:6])
+			}
+		}
 	case passed:
 		out := r.out
 		if k == hookTC && len(out) > len(in) {
