@@ -382,6 +382,14 @@ func (fz *fuzzEnv) seeds(t testing.TB) []fuzzSeed {
 			p.IPv6Ext = []pkttest.Ext{{Type: layers.IPProtocolIPv6HopByHop, Body: tlvs()}}
 		}
 		add(fam.name+" opt SYN without room for the option", 0, e.frame(t, p))
+		ttl0 := e.frame(t, packet(flow("opt-udp").f, false, false, []byte("ttl 0")))
+		add(fam.name+" opt datagram with TTL 0", 0, patch(t, ttl0, func(b []byte, l pkttest.Layout) {
+			if l.Family == 4 {
+				b[l.L3+8] = 0
+			} else {
+				b[l.L3+7] = 0
+			}
+		}))
 		add(fam.name+" SYN from outside the source range", 0, e.frame(t, packet(flowTo(lb.Frontend{Addr: fam.vip, Port: 86, Proto: lb.TCP}, fam.client.Next(), fuzzNewPort), true, false, nil)))
 
 		// Too big for lb0's MTU once encapsulated: answered with ICMP.
@@ -482,6 +490,10 @@ var fuzzSeedsAwaitingFix = map[string]string{
 	// length) whose overflow count is already 15 is a parameter problem
 	// (for flags other than 3, prespecified addresses).
 	"IPv4 timestamp full, overflow 15": "ipv4-ts-overflow",
+	// DSR opt keeps the client's TTL / hop limit: one that arrived as 0
+	// leaves as 0 (RFC 791, RFC 8200: not to be forwarded).
+	"ipv4 opt datagram with TTL 0": "ttl-zero",
+	"ipv6 opt datagram with TTL 0": "ttl-zero",
 }
 
 // FuzzDatapath: see the top of this file.
@@ -684,6 +696,9 @@ func (fz *fuzzEnv) check(k hook, in []byte, r result, moved map[string]uint64) [
 		if !bytes.Equal(out, in) {
 			fail("passed (%s), but changed", reason)
 		}
+		if len(r.out) != len(in) {
+			kind = fmt.Sprintf("(%d bytes longer)", len(r.out)-len(in))
+		}
 	}
 	if forwarded {
 		class = "forwarded"
@@ -699,13 +714,16 @@ func (fz *fuzzEnv) check(k hook, in []byte, r result, moved map[string]uint64) [
 // kind of frame it is (ipip, geneve, rewritten) with the problems.
 func (fz *fuzzEnv) checkForwarded(in, out []byte, reason string) (kind string, problems []string) {
 	fail := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
-	strict := func(what string, err error) {
-		if rule := pkttest.StrictRule(err); fz.tolerate[rule] {
+	// A finding of a rule (a StrictError's, or one of the fuzzer's own)
+	// that L4LB_FUZZ_TOLERATE names is counted instead.
+	finding := func(rule, format string, args ...any) {
+		if fz.tolerate[rule] {
 			fz.tolerated[rule]++
 			return
 		}
-		fail("%s: %v [rule %s]", what, err, pkttest.StrictRule(err))
+		fail(format+" [rule %s]", append(args, rule)...)
 	}
+	strict := func(what string, err error) { finding(pkttest.StrictRule(err), "%s: %v", what, err) }
 	inS, err := pkttest.CheckStrict(in, pkttest.StrictMode{})
 	if err != nil {
 		strict("forwarded a frame a receiver refuses", err)
@@ -714,7 +732,7 @@ func (fz *fuzzEnv) checkForwarded(in, out []byte, reason string) (kind string, p
 			fail("forwarded a frame with %d VLAN tags", inS.VLANs)
 		}
 		if inS.Proto != uint8(lb.TCP) && inS.Proto != uint8(lb.UDP) && !inS.ICMPError {
-			fail("forwarded a protocol %d packet that inS not an ICMP error", inS.Proto)
+			fail("forwarded a protocol %d packet that is not an ICMP error", inS.Proto)
 		}
 		if ips := gopacketIPs(in); ips == 0 {
 			fail("forwarded a frame in which gopacket finds no IP header")
@@ -734,8 +752,10 @@ func (fz *fuzzEnv) checkForwarded(in, out []byte, reason string) (kind string, p
 	case outS.ICMPError:
 		kind = "icmp"
 	}
+	// RFC 791 / 8200: a packet whose TTL or hop limit is 0 is not
+	// forwarded; a router between the LB and the backend drops it.
 	if outS.TTL == 0 {
-		fail("sent a packet with TTL / hop limit 0")
+		finding("ttl-zero", "sent a packet with TTL / hop limit 0")
 	}
 	want := 1
 	if outS.Inner != nil {
@@ -750,8 +770,15 @@ func (fz *fuzzEnv) checkForwarded(in, out []byte, reason string) (kind string, p
 	inIP := in[inS.L3 : inS.L3+inS.IPLen]
 	switch {
 	case reason == "icmp_frag_needed_sent":
-		if !outS.ICMPError {
-			fail("answered a packet too big with something that inS not an ICMP error")
+		// An answer to the client, quoting the start of its packet.
+		quote := out[outS.L4+8 : outS.L3+outS.IPLen]
+		switch {
+		case !outS.ICMPError:
+			fail("answered a packet too big with something that is not an ICMP error")
+		case !quotes(quote, inIP, inS):
+			fail("the answer to a packet too big quotes something else:\n got %x\nwant a prefix of %x", quote, inIP)
+		case !bytes.Equal(ipSource(in, inS), ipDestination(out, outS)):
+			fail("the answer to a packet too big goes to %x, not to its source %x", ipDestination(out, outS), ipSource(in, inS))
 		}
 	case outS.Inner != nil:
 		inner := outS.Inner
@@ -760,7 +787,7 @@ func (fz *fuzzEnv) checkForwarded(in, out []byte, reason string) (kind string, p
 		}
 	default:
 		if outS.Proto != inS.Proto || outS.Family != inS.Family {
-			fail("rewritten packet inS IPv%d protocol %d, the input IPv%d protocol %d", outS.Family, outS.Proto, inS.Family, inS.Proto)
+			fail("rewritten packet is IPv%d protocol %d, the input IPv%d protocol %d", outS.Family, outS.Proto, inS.Family, inS.Proto)
 			break
 		}
 		if inS.ICMPError {
@@ -771,10 +798,45 @@ func (fz *fuzzEnv) checkForwarded(in, out []byte, reason string) (kind string, p
 			fail("rewritten packet's payload differs:\n got %x\nwant %x", gotPay, wantPay)
 		}
 		if inS.L4SumOK && !outS.L4SumOK {
-			fail("the input's L4 checksum was right, the rewritten packet's inS wrong")
+			fail("the input's L4 checksum was right, the rewritten packet's is wrong")
 		}
 	}
 	return kind, problems
+}
+
+// quotes says whether quote is the start of ip (the packet s describes) but
+// for the quoted TCP/UDP checksum, which the LB's answer sets to a value a
+// checksum completion leaves alone (icmp.h: "Checksum completion").
+func quotes(quote, ip []byte, s *pkttest.Strict) bool {
+	if len(quote) > len(ip) {
+		return false
+	}
+	field := s.L4 - s.L3 + 16
+	if s.Proto == uint8(lb.UDP) {
+		field = s.L4 - s.L3 + 6
+	}
+	want := bytes.Clone(ip[:len(quote)])
+	got := bytes.Clone(quote)
+	if field+2 <= len(quote) {
+		copy(want[field:], []byte{0, 0})
+		copy(got[field:], []byte{0, 0})
+	}
+	return bytes.Equal(got, want)
+}
+
+// ipSource and ipDestination are the addresses of the packet s describes.
+func ipSource(frame []byte, s *pkttest.Strict) []byte {
+	if s.Family == 4 {
+		return frame[s.L3+12 : s.L3+16]
+	}
+	return frame[s.L3+8 : s.L3+24]
+}
+
+func ipDestination(frame []byte, s *pkttest.Strict) []byte {
+	if s.Family == 4 {
+		return frame[s.L3+16 : s.L3+20]
+	}
+	return frame[s.L3+24 : s.L3+40]
 }
 
 // layerSummary names the layers gopacket decodes in frame, for failure
