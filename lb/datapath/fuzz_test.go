@@ -45,9 +45,10 @@ import (
 // tests build, through both hooks, and runs in plain `go test`.
 //
 // Run it with `make fuzz` (FUZZTIME, default 10m). L4LB_FUZZ_TOLERATE, a
-// comma-separated list of pkttest.StrictError rules (e.g. ipv6-padding),
-// turns findings of those rules into log lines so that a run can go on past
-// a gap already reported; never set it in CI.
+// comma-separated list of rules (pkttest.StrictError's, e.g. ipv6-padding,
+// and the fuzzer's own ttl-zero), turns findings of those rules into counts
+// logged at the end, so that a run can go on past a gap already reported;
+// never set it in CI.
 
 // Selector bits. The high nibble picks a target (fuzzEnv.targets) whose
 // addresses and ports are written into the frame.
@@ -92,6 +93,7 @@ type fuzzFlow struct {
 
 func (ff fuzzFlow) isSNAT() bool { return ff.be.IsValid() }
 
+// fuzzEnv is one fuzz process's datapath and what the fuzzer knows of it.
 type fuzzEnv struct {
 	e     *env
 	svcs  []lb.Service
@@ -121,8 +123,9 @@ func isSNATService(svc lb.Service) bool {
 }
 
 // fuzzServices are, per family on its VIP: DSR over ipip, geneve and opt,
-// SNAT, hybrid (TCP DSR, UDP SNAT), each for TCP and UDP, and a TCP
-// frontend without backends.
+// SNAT, hybrid (TCP DSR, UDP SNAT), each for TCP and UDP; a TCP frontend
+// with a source range and a backend without a neighbour entry, and one
+// without backends.
 func fuzzServices() []lb.Service {
 	var out []lb.Service
 	for _, fam := range families {
@@ -390,6 +393,9 @@ func (fz *fuzzEnv) seeds(t testing.TB) []fuzzSeed {
 				b[l.L3+7] = 0
 			}
 		}))
+		rangedFlow := flowTo(lb.Frontend{Addr: fam.vip, Port: 86, Proto: lb.TCP}, fam.client, fuzzClientPort)
+		add(fam.name+" ICMP error about a flow whose backend has no neighbour entry", 0, e.icmpErr(t, routerOf(fam), fam.vip, kind,
+			quoteOf(t, replyPkt(rangedFlow, netip.AddrPortFrom(fam.vip, 86)), kind)))
 		add(fam.name+" SYN from outside the source range", 0, e.frame(t, packet(flowTo(lb.Frontend{Addr: fam.vip, Port: 86, Proto: lb.TCP}, fam.client.Next(), fuzzNewPort), true, false, nil)))
 
 		// Too big for lb0's MTU once encapsulated: answered with ICMP.
@@ -632,14 +638,19 @@ func (fz *fuzzEnv) prepare(sel byte, frame []byte) []byte {
 }
 
 // Reasons a forwarded packet may count (besides none), and the pass
-// reasons of packets the stack forwards after the LB rewrote them.
+// reasons of packets the stack forwards after the LB rewrote them. An ICMP
+// error relayed that way counts icmp_error_forwarded (icmp_error in lb.c
+// counts every error it sends on, whichever way it leaves).
 var (
 	fuzzForwardReasons = map[string]bool{"icmp_error_forwarded": true, "icmp_frag_needed_sent": true}
-	fuzzStackForwarded = map[string]bool{"pass_no_neigh": true, "pass_no_tx_port": true}
+	fuzzStackForwarded = map[string]bool{"pass_no_neigh": true, "pass_no_tx_port": true, "icmp_error_forwarded": true}
 )
 
 // check holds one run to the oracle and returns what is wrong with it.
 func (fz *fuzzEnv) check(k hook, in []byte, r result, moved map[string]uint64) []string {
+	// Every input, forwarded or not, so that the engine's coverage sees
+	// its structure through the checker's branches.
+	inS, inErr := pkttest.CheckStrict(in, pkttest.StrictMode{})
 	var problems []string
 	fail := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
 	var names []string
@@ -676,7 +687,7 @@ func (fz *fuzzEnv) check(k hook, in []byte, r result, moved map[string]uint64) [
 	switch {
 	case forwarded || passed && fuzzStackForwarded[reason]:
 		var more []string
-		kind, more = fz.checkForwarded(in, r.out, reason)
+		kind, more = fz.checkForwarded(in, inS, inErr, r.out, reason)
 		problems = append(problems, more...)
 		// The stack forwards what it is handed with the MACs it
 		// arrived with; what leaves directly has the next hop's.
@@ -712,7 +723,7 @@ func (fz *fuzzEnv) check(k hook, in []byte, r result, moved map[string]uint64) [
 
 // checkForwarded checks a frame the LB sent (out) for in, and returns what
 // kind of frame it is (ipip, geneve, rewritten) with the problems.
-func (fz *fuzzEnv) checkForwarded(in, out []byte, reason string) (kind string, problems []string) {
+func (fz *fuzzEnv) checkForwarded(in []byte, inS *pkttest.Strict, inErr error, out []byte, reason string) (kind string, problems []string) {
 	fail := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
 	// A finding of a rule (a StrictError's, or one of the fuzzer's own)
 	// that L4LB_FUZZ_TOLERATE names is counted instead.
@@ -724,9 +735,8 @@ func (fz *fuzzEnv) checkForwarded(in, out []byte, reason string) (kind string, p
 		fail(format+" [rule %s]", append(args, rule)...)
 	}
 	strict := func(what string, err error) { finding(pkttest.StrictRule(err), "%s: %v", what, err) }
-	inS, err := pkttest.CheckStrict(in, pkttest.StrictMode{})
-	if err != nil {
-		strict("forwarded a frame a receiver refuses", err)
+	if inErr != nil {
+		strict("forwarded a frame a receiver refuses", inErr)
 	} else {
 		if inS.VLANs > 0 {
 			fail("forwarded a frame with %d VLAN tags", inS.VLANs)
