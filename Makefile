@@ -97,9 +97,12 @@ bench:
 # its own. Its seed corpus alone runs in `make test`. A failing input is
 # written to lb/datapath/testdata/fuzz/FuzzDatapath/ and replays with
 # `go test ./lb/datapath -run FuzzDatapath/NAME`.
+# Minimizing is bounded by runs, not time: the engine kills a worker whose
+# minimization times out, and a killed worker cannot remove its namespaces.
 FUZZTIME ?= 10m
+FUZZMINIMIZE ?= 2000x
 fuzz: deps
-	cd lb/datapath && $(GO) test -run '^$$' -fuzz '^FuzzDatapath$$' -fuzztime $(FUZZTIME) .
+	cd lb/datapath && $(GO) test -run '^$$' -fuzz '^FuzzDatapath$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZE) .
 
 # The units name /usr/local binaries; installing under another PREFIX
 # rewrites those paths.
