@@ -1073,3 +1073,42 @@ func TestFuzzOracle(t *testing.T) {
 		t.Errorf("tolerated rule: problems %q, counted %v", problems, fz.tolerated)
 	}
 }
+
+// TestFuzzPrepare checks the selector's fix-ups: a target's addresses and
+// ports written in, and a frame whose lengths and checksums are broken made
+// whole again.
+func TestFuzzPrepare(t *testing.T) {
+	mac := []byte{0x02, 0x11, 0x22, 0x33, 0x44, 0x55}
+	target := fuzzTarget{name: "t", src: netip.AddrPortFrom(client6, 1234), dst: netip.AddrPortFrom(vip6, 83), setSrc: true}
+	fz := &fuzzEnv{e: &env{lbMAC: mac}, targets: map[int][]fuzzTarget{6: {target}}}
+	in := pkttest.Build(t, pkttest.Packet{Src: netip.MustParseAddrPort("[2001:db8:9::1]:5"), Dst: netip.MustParseAddrPort("[2001:db8::99]:9"), Proto: layers.IPProtocolUDP, Payload: []byte("data")})
+	broken := append(bytes.Clone(in), 1, 2, 3)
+	l := pkttest.MustLayout(t, broken)
+	put16(broken, l.L4+4, 3)
+	broken[l.L4+6] ^= 0x55
+
+	out := fz.prepare(1<<4|selMAC|selLengths|selSums, broken)
+	s, err := pkttest.CheckStrict(out, pkttest.StrictMode{NoTrailing: true})
+	if err != nil {
+		t.Fatalf("fixed-up frame: %v", err)
+	}
+	if !s.L4SumOK {
+		t.Error("fixed-up frame: UDP checksum wrong")
+	}
+	if f := flowOf(t, out); f.Src != target.src.Addr() || f.SrcPort != target.src.Port() || f.Dst != target.dst.Addr() || f.DstPort != target.dst.Port() {
+		t.Errorf("fixed-up frame carries %v, want %s -> %s", f, target.src, target.dst)
+	}
+	if !bytes.Equal(out[0:6], mac) {
+		t.Errorf("Ethernet destination %x, want %x", out[0:6], mac)
+	}
+	if got := fz.prepare(0, broken); !bytes.Equal(got, broken) {
+		t.Error("selector 0 changed the frame")
+	}
+	if _, err := pkttest.CheckStrict(fz.prepare(0, broken), pkttest.StrictMode{}); err == nil {
+		t.Error("the broken frame passes the checker: the test proves nothing")
+	}
+	// A frame too short to locate anything in is left as it is.
+	if got := fz.prepare(0xff&^selMAC, in[:20]); !bytes.Equal(got, in[:20]) {
+		t.Error("a 20-byte frame was changed")
+	}
+}
