@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net/netip"
 )
 
 // The strict checker: whether a Linux receiver (the LB's own stack or a
@@ -180,6 +181,9 @@ func checkIPv4(frame []byte, l3, end int, m StrictMode, depth int) (*Strict, err
 	if fold(sum16(0, b[:hlen])) != 0xffff {
 		return nil, bad("ipv4-checksum", "IPv4: header checksum %#04x wrong (want %#04x)", binary.BigEndian.Uint16(b[10:]), IPv4Checksum(b[:hlen]))
 	}
+	if src := netip.AddrFrom4([4]byte(b[12:16])); martian(src) {
+		return nil, bad("martian-source", "IPv4: martian source %s", src)
+	}
 	if err := checkIPv4Options(b[20:hlen]); err != nil {
 		return nil, fmt.Errorf("IPv4 options: %w", err)
 	}
@@ -191,6 +195,18 @@ func checkIPv4(frame []byte, l3, end int, m StrictMode, depth int) (*Strict, err
 		return nil, err
 	}
 	return s, nil
+}
+
+// martian says whether a receiver drops a packet from src whatever its
+// routes: IPv4 from 0/8, loopback, multicast or the limited broadcast
+// (ip_route_input_slow's martian sources), IPv6 from loopback or multicast
+// (ipv6_rcv, RFC 4291).
+func martian(src netip.Addr) bool {
+	if src.Is4() {
+		a := src.As4()
+		return a[0] == 0 || src.IsLoopback() || src.IsMulticast() || a == [4]byte{255, 255, 255, 255}
+	}
+	return src.IsLoopback() || src.IsMulticast()
 }
 
 // checkIPv4Options walks opts (the header bytes after the first 20) as
@@ -285,6 +301,9 @@ func checkIPv6(frame []byte, l3, end int, m StrictMode, depth int) (*Strict, err
 		return nil, bad("ipv6-header", "IPv6: payload length %d past the %d bytes there", plen, len(b)-40)
 	}
 	ip := b[:40+plen]
+	if src := netip.AddrFrom16([16]byte(ip[8:24])); martian(src) {
+		return nil, bad("martian-source", "IPv6: martian source %s", src)
+	}
 	next, pos := ip[6], 40
 	for i := 0; ; i++ {
 		var hl int

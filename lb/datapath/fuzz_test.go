@@ -396,6 +396,11 @@ func (fz *fuzzEnv) seeds(t testing.TB) []fuzzSeed {
 		rangedFlow := flowTo(lb.Frontend{Addr: fam.vip, Port: 86, Proto: lb.TCP}, fam.client, fuzzClientPort)
 		add(fam.name+" ICMP error about a flow whose backend has no neighbour entry", 0, e.icmpErr(t, routerOf(fam), fam.vip, kind,
 			quoteOf(t, replyPkt(rangedFlow, netip.AddrPortFrom(fam.vip, 86)), kind)))
+		martian := netip.MustParseAddr("127.0.0.1")
+		if fam.vip.Is6() {
+			martian = netip.MustParseAddr("ff02::1")
+		}
+		add(fam.name+" SYN from a martian source", 0, e.frame(t, packet(flowTo(dsr.svc.Frontend, martian, fuzzNewPort), true, false, nil)))
 		add(fam.name+" SYN from outside the source range", 0, e.frame(t, packet(flowTo(lb.Frontend{Addr: fam.vip, Port: 86, Proto: lb.TCP}, fam.client.Next(), fuzzNewPort), true, false, nil)))
 
 		// Too big for lb0's MTU once encapsulated: answered with ICMP.
@@ -500,6 +505,12 @@ var fuzzSeedsAwaitingFix = map[string]string{
 	// leaves as 0 (RFC 791, RFC 8200: not to be forwarded).
 	"ipv4 opt datagram with TTL 0": "ttl-zero",
 	"ipv6 opt datagram with TTL 0": "ttl-zero",
+	// ip_route_input_slow drops IPv4 from 0/8, loopback, multicast and
+	// 255.255.255.255; ipv6_rcv IPv6 from loopback and multicast. The
+	// datapath forwards them (a SNAT backend sees the SNAT address, and
+	// replies go to a martian).
+	"ipv4 SYN from a martian source": "martian-source",
+	"ipv6 SYN from a martian source": "martian-source",
 }
 
 // FuzzDatapath: see the top of this file.
