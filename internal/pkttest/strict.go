@@ -121,6 +121,7 @@ const (
 	tlvPadN     = 1
 	tlvRA       = 5
 	tlvCALIPSO  = 7
+	tlvIOAM     = 0x31
 	tlvJumbo    = 0xc2
 	maxTLVCount = 8 // net.ipv6.sysctl max_{hbh,dst}_opts_number default
 )
@@ -367,7 +368,8 @@ func checkIPv6(frame []byte, l3, end int, m StrictMode, depth int) (*Strict, err
 // bytes all zero, at most maxTLVCount other options, each inside the header;
 // an unknown option whose type does not say "skip" makes the packet
 // dropped, and so do the known ones the kernel validates when they are
-// malformed (router alert, CALIPSO) or unsupported (jumbo payload).
+// malformed (router alert, CALIPSO, a misaligned IOAM) or unsupported
+// (jumbo payload).
 func checkTLVs(h []byte, hopByHop bool) error {
 	padlen, count := 0, 0
 	for i := 2; i < len(h); {
@@ -410,6 +412,12 @@ func checkTLVs(h []byte, hopByHop bool) error {
 		case hopByHop && typ == tlvRA:
 			if ol != 4 {
 				return bad("ipv6-tlv-known", "router alert of length %d", ol-2)
+			}
+		case hopByHop && typ == tlvIOAM:
+			// ipv6_hop_ioam drops a misaligned one, enabled or not;
+			// the hop-by-hop header is always 40 bytes in.
+			if i%4 != 0 {
+				return bad("ipv6-tlv-known", "IOAM option at %d, not 4n-aligned", 40+i)
 			}
 		case hopByHop && typ == tlvJumbo:
 			return bad("ipv6-tlv-known", "jumbo payload option")

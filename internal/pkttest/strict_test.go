@@ -90,6 +90,8 @@ func TestCheckStrict(t *testing.T) {
 		{"nine options", v6ext(t, Ext{Type: dst, Body: []byte{0x1e, 0, 0x1e, 0, 0x1e, 0, 0x1e, 0, 0x1e, 0, 0x1e, 0, 0x1e, 0, 0x1e, 0, 0x1e, 0, 0, 0, 0, 0}}), StrictMode{}, "ipv6-tlv-count"},
 		{"option to discard", v6ext(t, Ext{Type: dst, Body: []byte{0x9f, 2, 0, 0, 1, 0}}), StrictMode{}, "ipv6-tlv"},
 		{"option past its header", v6ext(t, Ext{Type: dst, Body: []byte{0x1e, 9, 0, 0, 0, 0}}), StrictMode{}, "ipv6-tlv"},
+		{"IOAM misaligned", v6ext(t, Ext{Type: hbh, Body: []byte{0x31, 2, 0, 0, 1, 0}}), StrictMode{}, "ipv6-tlv-known"},
+		{"IOAM aligned", v6ext(t, Ext{Type: hbh, Body: []byte{1, 0, 0x31, 2, 0, 0}}), StrictMode{}, ""},
 		{"router alert of length 4", v6ext(t, Ext{Type: hbh, Body: []byte{5, 4, 0, 0, 0, 0}}), StrictMode{}, "ipv6-tlv-known"},
 		{"routing header, none left", v6ext(t, rh(0, 0)), StrictMode{}, ""},
 		{"routing header, one left", v6ext(t, rh(1, 0)), StrictMode{}, "ipv6-routing"},
