@@ -169,7 +169,10 @@ func fuzzEstablished(svc lb.Service) bool {
 func newFuzzEnv(t testing.TB) *fuzzEnv {
 	t.Helper()
 	fz := &fuzzEnv{
-		e:         newSNATEnv(t, envOptions{icmpRate: 1000}),
+		// Anonymous namespaces: the engine kills a worker that does
+		// not stop within two seconds, one still loading its datapath
+		// included, and a killed process runs no cleanups.
+		e:         newSNATEnv(t, envOptions{icmpRate: 1000, anonNS: true}),
 		svcs:      fuzzServices(),
 		tolerate:  map[string]bool{},
 		tolerated: map[string]int{},
