@@ -7,6 +7,7 @@
 #   make lint       go vet + staticcheck
 #   make demo       the demo topology in network namespaces (root)
 #   make bench      benchmarks, each next to its baseline
+#   make fuzz       the datapath fuzzer for FUZZTIME (default 10m; root)
 #   make install    binaries, systemd units and /etc/l4lb/l4lb.toml (PREFIX=/usr/local)
 #   make deb        bin/l4lb_VERSION_ARCH.deb (nfpm, from packaging/)
 
@@ -30,7 +31,7 @@ GENERATED := $(wildcard bpf/*_bpfel.go bpf/*_bpfel.o)
 export L4LB_PRIVILEGED_TESTS := 1
 TESTFLAGS ?= -count=1 -timeout 30m
 
-.PHONY: all build deps deps-demo generate check-generate check-tidy kube-tools test test-unit lint demo bench install uninstall deb clean
+.PHONY: all build deps deps-demo generate check-generate check-tidy kube-tools test test-unit lint demo bench fuzz install uninstall deb clean
 
 all: build
 
@@ -100,6 +101,18 @@ demo: deps-demo build
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count 6 ./lb/maglev ./lb/reconciler
 	$(GO) run ./tests/bench
+
+# The datapath fuzzer (lb/datapath/fuzz_test.go): both BPF entry points on
+# frames the engine mutates from the seed corpus, checked by an oracle of
+# its own. Its seed corpus alone runs in `make test`. A failing input is
+# written to lb/datapath/testdata/fuzz/FuzzDatapath/ and replays with
+# `go test ./lb/datapath -run FuzzDatapath/NAME`.
+# Minimizing is bounded by runs, not time: the engine kills a worker whose
+# minimization times out, and a killed worker cannot remove its namespaces.
+FUZZTIME ?= 10m
+FUZZMINIMIZE ?= 2000x
+fuzz: deps
+	cd lb/datapath && $(GO) test -run '^$$' -fuzz '^FuzzDatapath$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZE) .
 
 # The units name /usr/local binaries; installing under another PREFIX
 # rewrites those paths.

@@ -8,7 +8,9 @@
 //
 // Namespaces are named (bind-mounted under /run/netns) so that a daemon under
 // test can be started with `nsenter --net=/run/netns/NAME`, which, unlike
-// `ip netns exec`, keeps the host's /sys/fs/bpf visible.
+// `ip netns exec`, keeps the host's /sys/fs/bpf visible. NewAnonNS makes
+// one without a name, for processes that may be killed before their
+// cleanups run: the kernel removes it when the process exits.
 package testnet
 
 import (
@@ -56,10 +58,12 @@ func RequireRoot(t TB) {
 
 // NS is a network namespace created for one test.
 type NS struct {
-	// Name is the namespace's name under /run/netns.
+	// Name is the namespace's name under /run/netns (for an anonymous
+	// one, a description).
 	Name   string
 	handle netns.NsHandle
 	nl     *netlink.Handle
+	anon   bool
 }
 
 // NewNS creates a named namespace with loopback up. The name gets a random
@@ -85,6 +89,57 @@ func NewNS(t TB, prefix string) *NS {
 		t.Fatalf("netns %s: set lo up: %v", name, err)
 	}
 	return ns
+}
+
+// NewAnonNS creates a namespace with loopback up that has no name under
+// /run/netns: only this process's handle holds it, so the kernel removes it
+// and its links when the process exits, however it exits. It is for tests
+// whose processes can be killed before their cleanups run (a fuzz worker the
+// engine kills while it sets up). Path and Command reach it through the
+// handle's /proc path, from this process only.
+func NewAnonNS(t TB, prefix string) *NS {
+	t.Helper()
+	RequireRoot(t)
+	ns, err := newAnon()
+	if err != nil {
+		t.Fatalf("create an anonymous netns: %v", err)
+	}
+	ns.Name = fmt.Sprintf("%s (anonymous, fd %d)", prefix, int(ns.handle))
+	t.Cleanup(func() { ns.Close() })
+	lo, err := ns.nl.LinkByName("lo")
+	if err != nil {
+		t.Fatalf("netns %s: find lo: %v", ns.Name, err)
+	}
+	if err := ns.nl.LinkSetUp(lo); err != nil {
+		t.Fatalf("netns %s: set lo up: %v", ns.Name, err)
+	}
+	return ns
+}
+
+func newAnon() (*NS, error) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		return nil, err
+	}
+	defer orig.Close()
+	h, err := netns.New()
+	if err != nil {
+		return nil, err
+	}
+	// New switched this thread into the new namespace: switch back
+	// before the thread is unlocked.
+	if err := netns.Set(orig); err != nil {
+		h.Close()
+		return nil, fmt.Errorf("return to the original netns: %w", err)
+	}
+	nl, err := netlink.NewHandleAt(h)
+	if err != nil {
+		h.Close()
+		return nil, err
+	}
+	return &NS{handle: h, nl: nl, anon: true}, nil
 }
 
 func newNamed(name string) (*NS, error) {
@@ -122,11 +177,19 @@ func (ns *NS) Close() {
 		ns.nl = nil
 	}
 	ns.handle.Close()
-	_ = netns.DeleteNamed(ns.Name)
+	if !ns.anon {
+		_ = netns.DeleteNamed(ns.Name)
+	}
 }
 
-// Path is the namespace's bind mount, for nsenter --net=PATH.
-func (ns *NS) Path() string { return filepath.Join("/run/netns", ns.Name) }
+// Path is the namespace's bind mount, for nsenter --net=PATH (an anonymous
+// one's handle under /proc).
+func (ns *NS) Path() string {
+	if ns.anon {
+		return fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), int(ns.handle))
+	}
+	return filepath.Join("/run/netns", ns.Name)
+}
 
 // Handle returns the namespace's handle, for APIs that act inside it
 // (netlink subscriptions, datapath.Config.Netns).

@@ -138,6 +138,9 @@ type envOptions struct {
 	// pinPath pins the maps there, for tests that load a second
 	// datapath over the first one's state (env.reload).
 	pinPath string
+	// anonNS makes the namespaces anonymous: gone with the process even
+	// when it is killed before its cleanups (the fuzzer's workers).
+	anonNS bool
 }
 
 type xdpMD struct {
@@ -155,8 +158,12 @@ func newEnvWith(t testing.TB, o envOptions) *env {
 	if o.maxBackends == 0 {
 		o.maxBackends = 256
 	}
-	ns := testnet.NewNS(t, "pkt")
-	peer := testnet.NewNS(t, "peer")
+	newNS := testnet.NewNS
+	if o.anonNS {
+		newNS = testnet.NewAnonNS
+	}
+	ns := newNS(t, "pkt")
+	peer := newNS(t, "peer")
 	testnet.Veth(t, ns, "lb0", peer, "peer0")
 	ns.AddAddr(t, "lb0", "10.0.0.1/24")
 	ns.AddAddr(t, "lb0", "fd00::1/64")

@@ -153,7 +153,7 @@ func TestMalformed(t *testing.T) {
 }
 
 // l3Cases breaks the IP header of good.
-func l3Cases(t *testing.T, e *env, fam family, proto layers.IPProtocol, good []byte) []malformedCase {
+func l3Cases(t testing.TB, e *env, fam family, proto layers.IPProtocol, good []byte) []malformedCase {
 	l := pkttest.MustLayout(t, good)
 	l4len := l.L3Len - (l.L4 - l.L3)
 	var cs []malformedCase
@@ -231,7 +231,7 @@ func l3Cases(t *testing.T, e *env, fam family, proto layers.IPProtocol, good []b
 }
 
 // l4Cases breaks the TCP or UDP header of good.
-func l4Cases(t *testing.T, proto layers.IPProtocol, good []byte) []malformedCase {
+func l4Cases(t testing.TB, proto layers.IPProtocol, good []byte) []malformedCase {
 	l := pkttest.MustLayout(t, good)
 	l4len := l.L3Len - (l.L4 - l.L3)
 	var cs []malformedCase
