@@ -483,47 +483,7 @@ func (s fuzzSeed) awaitingFix() string {
 // corpus (so that `make test` passes) until the C is fixed, each with the
 // rule it breaks. FuzzDatapath checks that each still fails by that rule:
 // delete an entry with its fix, and the seed runs like the others.
-var fuzzSeedsAwaitingFix = map[string]string{
-	// pkttest.PadN(1) is a 14-byte PadN: ip6_parse_tlv drops more than 7
-	// bytes of padding in a row, the datapath forwards it (and
-	// TestMalformed expects it to).
-	"ipv6 TCP hop-by-hop and destination options":     "ipv6-padding",
-	"ipv6 UDP hop-by-hop and destination options":     "ipv6-padding",
-	"ipv6 TCP six extension headers (the walk limit)": "ipv6-padding",
-	"ipv6 UDP six extension headers (the walk limit)": "ipv6-padding",
-	// ip6_parse_tlv: PadN bytes must be zero, padding runs at most 7
-	// bytes, at most 8 options other than padding (max_dst_opts_number).
-	"IPv6 dstopts PadN with a non-zero byte": "ipv6-padding",
-	"IPv6 dstopts of 14 Pad1s":               "ipv6-padding",
-	"IPv6 nine dstopts":                      "ipv6-tlv-count",
-	// ipv6_hop_ra drops a router alert whose length is not 2;
-	// ipv6_hop_calipso one shorter than 8.
-	"IPv6 hop-by-hop router alert of length 4": "ipv6-tlv-known",
-	"IPv6 hop-by-hop CALIPSO of length 2":      "ipv6-tlv-known",
-	// ipv6_hop_ioam drops an IOAM option not 4n-aligned, even with
-	// ioam6_enabled off.
-	"IPv6 hop-by-hop IOAM misaligned": "ipv6-tlv-known",
-	// ipv6_rthdr_rcv hands segment routing (4) and RPL (3) headers to
-	// ipv6_srh_rcv / ipv6_rpl_srh_rcv, which drop them while
-	// seg6_enabled / rpl_seg_enabled are 0 (the default), even with no
-	// segments left.
-	"IPv6 segment routing header, none left": "ipv6-routing-type",
-	"IPv6 RPL routing header, none left":     "ipv6-routing-type",
-	// ip_options_compile: a full timestamp option (pointer past its
-	// length) whose overflow count is already 15 is a parameter problem
-	// (for flags other than 3, prespecified addresses).
-	"IPv4 timestamp full, overflow 15": "ipv4-ts-overflow",
-	// DSR opt keeps the client's TTL / hop limit: one that arrived as 0
-	// leaves as 0 (RFC 791, RFC 8200: not to be forwarded).
-	"ipv4 opt datagram with TTL 0": "ttl-zero",
-	"ipv6 opt datagram with TTL 0": "ttl-zero",
-	// ip_route_input_slow drops IPv4 from 0/8, loopback, multicast and
-	// 255.255.255.255; ipv6_rcv IPv6 from loopback and multicast. The
-	// datapath forwards them (a SNAT backend sees the SNAT address, and
-	// replies go to a martian).
-	"ipv4 SYN from a martian source": "martian-source",
-	"ipv6 SYN from a martian source": "martian-source",
-}
+var fuzzSeedsAwaitingFix = map[string]string{}
 
 // FuzzDatapath: see the top of this file.
 func FuzzDatapath(f *testing.F) {
