@@ -78,6 +78,11 @@ type Daemon struct {
 	consulRun atomic.Pointer[consulRun]
 	consulCtx context.Context // control loop only
 
+	// loaded is the digest of the configuration file as the last reload
+	// found it, so that the file watch does not reload what a SIGHUP
+	// already read.
+	loaded atomic.Pointer[string]
+
 	mu         sync.Mutex
 	lastReload api.Reload
 }
@@ -394,6 +399,10 @@ func (d *Daemon) Reload(ctx context.Context) error {
 func (d *Daemon) doReload() error {
 	notify(sddaemon.SdNotifyReloading)
 	defer notify(sddaemon.SdNotifyReady)
+	// Taken before the read: a change in between is then seen by the
+	// watch and read again, never missed.
+	digest := fileDigest(d.opts.ConfigPath)
+	d.loaded.Store(&digest)
 	cfg, err := config.Load(d.opts.ConfigPath, d.opts.Config)
 	if err != nil {
 		d.log.Error("configuration rejected; the previous one keeps serving", "file", d.opts.ConfigPath, "error", err)
@@ -620,17 +629,29 @@ func (d *Daemon) watchConfig(ctx context.Context, wg *sync.WaitGroup, every time
 				return
 			case <-t.C:
 			}
-			cur := fileDigest(d.opts.ConfigPath)
-			if cur == "" || cur == last {
+			if !d.configChanged(&last) {
 				continue
 			}
-			last = cur
 			d.log.Info("configuration file changed; reloading", "file", d.opts.ConfigPath)
 			if err := d.Reload(ctx); err != nil && ctx.Err() == nil {
 				d.log.Error("reload after a change of the file failed; the previous configuration keeps serving", "error", err)
 			}
 		}
 	}()
+}
+
+// configChanged reports whether the file's content differs from last, the
+// content the watch saw before (which it then updates), and from what the
+// last reload read: a file saved and then signalled (systemctl reload) is
+// read once, not once more by the watch.
+func (d *Daemon) configChanged(last *string) bool {
+	cur := fileDigest(d.opts.ConfigPath)
+	if cur == "" || cur == *last {
+		return false
+	}
+	*last = cur
+	loaded := d.loaded.Load()
+	return loaded == nil || *loaded != cur
 }
 
 func fileDigest(path string) string {
