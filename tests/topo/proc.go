@@ -178,14 +178,20 @@ func (h *Host) StartL4LBDWrapped(wrapper []string, bin, config string, extraArgs
 	return d
 }
 
-// WriteConfig replaces the daemon's config file.
+// WriteConfig replaces the daemon's config file, in one rename: l4lbd
+// also reloads by itself when the file changes, and must never read half
+// of it.
 func (d *L4LBD) WriteConfig(config string) {
 	t := d.Host.top.T
 	t.Helper()
 	config = strings.ReplaceAll(config, "{{socket}}", d.Socket)
 	config = strings.ReplaceAll(config, "{{bpffs}}", d.PinDir)
-	if err := os.WriteFile(d.Config, []byte(config), 0o600); err != nil {
-		t.Fatalf("write %s: %v", d.Config, err)
+	tmp := d.Config + ".new"
+	if err := os.WriteFile(tmp, []byte(config), 0o600); err != nil {
+		t.Fatalf("write %s: %v", tmp, err)
+	}
+	if err := os.Rename(tmp, d.Config); err != nil {
+		t.Fatalf("rename %s: %v", tmp, err)
 	}
 }
 
