@@ -7,6 +7,7 @@
 #   make lint       go vet + staticcheck
 #   make demo       the demo topology in network namespaces (root)
 #   make bench      benchmarks, each next to its baseline
+#   make compare    l4lb next to a kube-proxy-shaped iptables setup (root)
 #   make install    binaries, systemd units and /etc/l4lb/l4lb.toml
 
 GO        ?= go
@@ -28,7 +29,7 @@ GENERATED := $(wildcard bpf/*_bpfel.go bpf/*_bpfel.o)
 export L4LB_PRIVILEGED_TESTS := 1
 TESTFLAGS ?= -count=1 -timeout 30m
 
-.PHONY: all build deps deps-demo generate check-generate check-tidy test test-unit lint demo bench install uninstall clean
+.PHONY: all build deps deps-demo deps-compare compare generate check-generate check-tidy test test-unit lint demo bench install uninstall clean
 
 all: build
 
@@ -43,6 +44,9 @@ deps:
 
 deps-demo:
 	@scripts/deps.sh demo
+
+deps-compare:
+	@scripts/deps.sh compare
 
 generate:
 	cd bpf && $(GO) generate ./...
@@ -88,6 +92,15 @@ demo: deps-demo build
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count 6 ./lb/maglev ./lb/reconciler
 	$(GO) run ./tests/bench
+
+# The failure modes l4lb removes, side by side with a kube-proxy-shaped
+# iptables setup in one run (docs/compare.md): control-plane cost of an
+# endpoint change, a rolling update under load, conntrack exhaustion and
+# connection latency. Root; about eight minutes on 2 CPUs. COMPARE_FLAGS="-o json" for
+# machines, "-fast" for the small counts the test runs.
+COMPARE_FLAGS ?=
+compare: deps-compare build
+	$(GO) run ./tests/compare -l4lbd $(BIN)/l4lbd -l4lbctl $(BIN)/l4lbctl $(COMPARE_FLAGS)
 
 install: build
 	install -D -m 0755 $(BIN)/l4lbd $(DESTDIR)$(PREFIX)/sbin/l4lbd
