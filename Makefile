@@ -8,7 +8,8 @@
 #   make demo       the demo topology in network namespaces (root)
 #   make bench      benchmarks, each next to its baseline
 #   make compare    l4lb next to a kube-proxy-shaped iptables setup (root)
-#   make install    binaries, systemd units and /etc/l4lb/l4lb.toml
+#   make install    binaries, systemd units and /etc/l4lb/l4lb.toml (PREFIX=/usr/local)
+#   make deb        bin/l4lb_VERSION_ARCH.deb (nfpm, from packaging/)
 
 GO        ?= go
 PREFIX    ?= /usr/local
@@ -29,7 +30,7 @@ GENERATED := $(wildcard bpf/*_bpfel.go bpf/*_bpfel.o)
 export L4LB_PRIVILEGED_TESTS := 1
 TESTFLAGS ?= -count=1 -timeout 30m
 
-.PHONY: all build deps deps-demo deps-compare compare generate check-generate check-tidy test test-unit lint demo bench install uninstall clean
+.PHONY: all build deps deps-demo deps-compare compare generate check-generate check-tidy test test-unit lint demo bench install uninstall deb clean
 
 all: build
 
@@ -74,6 +75,7 @@ $(CONSUL): tests/tools/go.mod tests/tools/go.sum
 # dependency marked indirect, or a stale sum, fails the build here.
 check-tidy:
 	@$(GO) mod tidy -diff || { echo "go.mod/go.sum are not tidy: run go mod tidy"; exit 1; }
+	@cd packaging && $(GO) mod tidy -diff || { echo "packaging/go.mod is not tidy: cd packaging && go mod tidy"; exit 1; }
 
 test: deps check-generate check-tidy build $(CONSUL)
 	$(GO) vet ./...
@@ -102,17 +104,44 @@ COMPARE_FLAGS ?=
 compare: deps-compare build
 	$(GO) run ./tests/compare -l4lbd $(BIN)/l4lbd -l4lbctl $(BIN)/l4lbctl $(COMPARE_FLAGS)
 
+# The units name /usr/local binaries; installing under another PREFIX
+# rewrites those paths.
+unit_paths = -e 's|/usr/local/sbin/|$(1)/sbin/|g' -e 's|/usr/local/bin/|$(1)/bin/|g'
+
 install: build
 	install -D -m 0755 $(BIN)/l4lbd $(DESTDIR)$(PREFIX)/sbin/l4lbd
 	install -D -m 0755 $(BIN)/l4lbctl $(DESTDIR)$(PREFIX)/bin/l4lbctl
-	install -D -m 0644 systemd/l4lb.service $(DESTDIR)/etc/systemd/system/l4lb.service
-	install -D -m 0644 systemd/l4lb-backend.service $(DESTDIR)/etc/systemd/system/l4lb-backend.service
+	install -d $(DESTDIR)/etc/systemd/system
+	for u in l4lb.service l4lb-backend.service; do \
+		sed $(call unit_paths,$(PREFIX)) systemd/$$u > $(DESTDIR)/etc/systemd/system/$$u && chmod 0644 $(DESTDIR)/etc/systemd/system/$$u; done
 	@if [ -e $(DESTDIR)/etc/l4lb/l4lb.toml ]; then \
 		echo "keeping existing $(DESTDIR)/etc/l4lb/l4lb.toml"; \
 	else install -D -m 0640 etc/l4lb.toml $(DESTDIR)/etc/l4lb/l4lb.toml; fi
 	@if [ -e $(DESTDIR)/etc/default/l4lb-backend ]; then \
 		echo "keeping existing $(DESTDIR)/etc/default/l4lb-backend"; \
 	else install -D -m 0644 etc/default/l4lb-backend $(DESTDIR)/etc/default/l4lb-backend; fi
+
+# The Debian package: binaries, units with /usr paths, /etc/l4lb/l4lb.toml
+# and /etc/default/l4lb-backend as conffiles, man pages generated from the
+# cobra commands, bash and zsh completion, maintainer scripts that do not
+# start anything (packaging/debian). nfpm runs from its own module.
+DEB_ARCH    ?= $(shell dpkg --print-architecture 2>/dev/null || $(GO) env GOARCH)
+DEB_VERSION ?= 0.0~git$(shell git log -1 --format=%cd.%h --date=format:%Y%m%d 2>/dev/null || echo 0)
+DEB         := $(BIN)/l4lb_$(DEB_VERSION)_$(DEB_ARCH).deb
+deb: build
+	rm -rf $(BIN)/deb && mkdir -p $(BIN)/deb/man $(BIN)/deb/completion
+	cp -r $(BIN)/l4lbd $(BIN)/l4lbctl etc/l4lb.toml etc/default/l4lb-backend etc/examples LICENSE packaging/debian $(BIN)/deb/
+	for u in l4lb.service l4lb-backend.service; do sed $(call unit_paths,/usr) systemd/$$u > $(BIN)/deb/$$u; done
+	export SOURCE_DATE_EPOCH=$$(git log -1 --format=%ct 2>/dev/null || echo 0); \
+		$(BIN)/l4lbd gendoc $(BIN)/deb/man && $(BIN)/l4lbctl gendoc $(BIN)/deb/man && gzip -9n $(BIN)/deb/man/*.8
+	for c in l4lbd l4lbctl; do \
+		$(BIN)/$$c completion bash > $(BIN)/deb/completion/$$c.bash && \
+		$(BIN)/$$c completion zsh > $(BIN)/deb/completion/_$$c; done
+	$(GO) -C packaging build -o $(abspath $(BIN))/nfpm github.com/goreleaser/nfpm/v2/cmd/nfpm
+	rm -f $(DEB)
+	cd $(BIN)/deb && DEB_ARCH=$(DEB_ARCH) DEB_VERSION=$(DEB_VERSION) \
+		$(abspath $(BIN))/nfpm package --packager deb --config $(abspath packaging/nfpm.yaml) --target $(abspath $(DEB))
+	@echo "built $(DEB)"
 
 uninstall:
 	rm -f $(DESTDIR)$(PREFIX)/sbin/l4lbd $(DESTDIR)$(PREFIX)/bin/l4lbctl \

@@ -14,6 +14,7 @@ package discovery
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 
@@ -91,6 +92,12 @@ func (m *Merger) Update(s Snapshot) {
 		}
 	}
 	m.snapshots[s.Source] = Snapshot{Source: s.Source, Services: svcs}
+}
+
+// Clone returns an independent copy of m, for asking what Desired would
+// return after an Update without making it (a preview of a change).
+func (m *Merger) Clone() *Merger {
+	return &Merger{snapshots: maps.Clone(m.snapshots), frontends: maps.Clone(m.frontends), names: maps.Clone(m.names), seq: m.seq}
 }
 
 // Remove forgets a source (it stopped, or was removed from the config).

@@ -217,10 +217,26 @@ type Service struct {
 	// draining backend that long after it started draining; 0 lets them
 	// run until they end (or inherits Defaults.DrainTimeout).
 	DrainTimeout time.Duration
-	Backends     []Backend
+	// Announce says whether and when the service's VIP is announced to
+	// the network (BGP, ARP/NDP); the zero value announces it with the
+	// daemon's threshold.
+	Announce Announce
+	Backends []Backend
 	// Source names where the definition came from, for example
 	// "file:/etc/l4lb/l4lb.toml" or "consul".
 	Source string
+}
+
+// Announce is a service's say in whether its VIP is announced. A VIP is
+// announced while at least one service on it that takes part is programmed
+// with at least its threshold of healthy backends.
+type Announce struct {
+	// Off keeps the service from causing its VIP to be announced; the VIP
+	// is still announced when another service on it asks.
+	Off bool
+	// MinHealthy overrides the announcers' announce_min_healthy for this
+	// service; 0 means theirs.
+	MinHealthy int
 }
 
 // Defaults are the daemon-wide values a service inherits when it does not

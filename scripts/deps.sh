@@ -24,8 +24,11 @@ demo) pkgs=("${demo[@]}") ;;
 compare) pkgs=("${compare[@]}") ;;
 test)
 	# clang/llvm/libbpf: make generate and its check; gcc: the multiarch
-	# include path; systemd: systemd-analyze for the unit tests.
-	pkgs=("${compare[@]}" clang-19 llvm-19 libbpf-dev systemd make gcc git ca-certificates) ;;
+	# include path; systemd: systemd-analyze for the unit tests; bird2:
+	# the BGP router of the scale-out tests (they run their own bird in a
+	# namespace; Debian's bird.service, which the package enables, runs a
+	# config that announces nothing).
+	pkgs=("${compare[@]}" clang-19 llvm-19 libbpf-dev systemd make gcc git ca-certificates bird2) ;;
 *)
 	echo "usage: $0 [demo|compare|test]" >&2
 	exit 2 ;;

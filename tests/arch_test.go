@@ -46,8 +46,10 @@ func listPackages(t *testing.T, args ...string) []pkg {
 
 // TestDependencyEdges keeps the layering of STYLE.md true: the model is
 // standard-library only, Maglev is pure, the reconciler never reaches the
-// kernel, only the datapath binding touches BPF and netlink, and only the
-// Kubernetes source imports k8s.io.
+// kernel, only the datapath binding touches BPF and netlink, only the
+// Kubernetes source imports k8s.io, only lb/announce speaks BGP (and takes
+// what it announces from the daemon), and the fleet comparison knows
+// nothing of Consul.
 func TestDependencyEdges(t *testing.T) {
 	std := map[string]bool{}
 	for _, p := range listPackages(t, "std") {
@@ -83,6 +85,7 @@ func TestDependencyEdges(t *testing.T) {
 	onlyStdAnd("/lb")
 	onlyStdAnd("/lb/maglev", "/lb")
 	onlyStdAnd("/lb/reconciler", "/lb", "/lb/maglev")
+	onlyStdAnd("/lb/change", "/lb", "/lb/maglev")
 	onlyStdAnd("/discovery", "/lb")
 
 	kernel := []string{"github.com/cilium/ebpf", "github.com/vishvananda/netlink", "github.com/vishvananda/netns"}
@@ -103,6 +106,16 @@ func TestDependencyEdges(t *testing.T) {
 			}
 			if strings.HasPrefix(imp, "k8s.io/") && p.ImportPath != module+"/discovery/kubernetes" {
 				t.Errorf("%s imports %s: only discovery/kubernetes may import k8s.io", p.ImportPath, imp)
+			}
+			if strings.HasPrefix(imp, "github.com/osrg/gobgp") && p.ImportPath != module+"/lb/announce" {
+				t.Errorf("%s imports %s: only lb/announce speaks BGP", p.ImportPath, imp)
+			}
+			if p.ImportPath == module+"/lb/announce" && (strings.HasPrefix(imp, module+"/lb/datapath") || strings.HasPrefix(imp, module+"/lb/health") ||
+				strings.HasPrefix(imp, module+"/lb/reconciler")) {
+				t.Errorf("%s imports %s: the announcers get the programmed, healthy VIPs from the daemon, not from the datapath or the checker", p.ImportPath, imp)
+			}
+			if p.ImportPath == module+"/lb/fleet" && strings.HasPrefix(imp, "github.com/hashicorp/consul") {
+				t.Errorf("%s imports %s: the fleet comparison is pure; discovery/consul carries it", p.ImportPath, imp)
 			}
 			if strings.HasPrefix(p.ImportPath, module+"/discovery") && strings.HasPrefix(imp, module+"/lb/datapath") {
 				t.Errorf("%s imports %s: discovery sources know nothing of the datapath", p.ImportPath, imp)

@@ -126,6 +126,26 @@ static __always_inline int select_backend(struct packet *p, const struct svc_val
 
 	hash = flow_hash(&p->key);
 	id = 0;
+	/* A SNAT flow's binding is state too: a flow the connection table
+	 * does not hold (it began over datapath.flow_insert_rate, or its entry
+	 * was evicted) keeps the backend its binding was made for while that
+	 * backend is still the service's. */
+	if (svc->mode == L4LB_MODE_SNAT && !ct) {
+		struct snat_fwd_value *fwd = bpf_map_lookup_elem(&snat_fwd, &p->key);
+
+		if (!fwd)
+			fwd = bpf_map_lookup_elem(&snat_fwd_ovf, &p->key);
+		if (fwd) {
+			const __u64 *a = (const __u64 *)fwd->backend_addr;
+
+			id = fwd->backend_id;
+			sel->be = backend_of(id, svc->id);
+			if (sel->be && a[0] == ((const __u64 *)sel->be->addr)[0] &&
+			    a[1] == ((const __u64 *)sel->be->addr)[1] && fwd->backend_port == sel->be->port)
+				goto chosen;
+			id = 0;
+		}
+	}
 	if (svc->flags & L4LB_SVC_AFFINITY) {
 		id = affinity_lookup(svc, p->key.src, now, update);
 		sel->be = backend_of(id, svc->id);
@@ -141,6 +161,7 @@ static __always_inline int select_backend(struct packet *p, const struct svc_val
 		if (update && (svc->flags & L4LB_SVC_AFFINITY))
 			affinity_store(svc->id, p->key.src, id, now);
 	}
+chosen:
 	sel->backend_id = id;
 	sel->hash = (__u32)hash;
 	if (!update)

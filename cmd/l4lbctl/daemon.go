@@ -3,6 +3,8 @@
 package main
 
 import (
+	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
@@ -15,47 +17,175 @@ import (
 
 	"github.com/l4lb/l4lb/lb/api"
 	"github.com/l4lb/l4lb/lb/config"
+	"github.com/l4lb/l4lb/lb/daemon"
+	"github.com/l4lb/l4lb/lb/maglev"
 )
 
 func configCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{Use: "config", Short: "work with configuration files"}
-	var dev bool
+	var dev, noHost bool
 	check := &cobra.Command{
 		Use:   "check FILE",
-		Short: "validate a configuration file; exits non-zero and prints every error",
-		Args:  cobra.ExactArgs(1),
+		Short: "validate a configuration file as l4lbd would on this box; exits non-zero and prints every error",
+		Long: `Validates FILE exactly as l4lbd does at start and on reload: the file
+itself, and what it means on this box (VIPs that are the box's own
+addresses, an admin socket path holding another file, bpffs, the kernel
+memory the datapath maps need against the memory available, SNAT ports
+overlapping the kernel's ephemeral range). Prints the memory estimate
+("maps: ≈ N MiB") and any warning. --no-host-checks checks a file written
+for another box.`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			cfg, err := config.Load(args[0], config.Options{Dev: dev})
-			if g.output == "json" {
-				res := struct {
-					File     string   `json:"file"`
-					Valid    bool     `json:"valid"`
-					Services int      `json:"services,omitempty"`
-					Errors   []string `json:"errors,omitempty"`
-				}{File: args[0], Valid: err == nil}
-				if err != nil {
-					res.Errors = strings.Split(err.Error(), "\n")
-				} else {
-					res.Services = len(cfg.Services)
-				}
-				if werr := writeJSON(cmd.OutOrStdout(), res); werr != nil {
-					return werr
-				}
-				if err != nil {
-					return &exitError{code: 1, err: errors.New("configuration is invalid")}
-				}
-				return nil
+			opts := config.Options{Dev: dev}
+			if !noHost {
+				opts.Host = daemon.HostFacts()
 			}
-			if err != nil {
-				fmt.Fprintln(cmd.ErrOrStderr(), err)
-				return &exitError{code: 1, err: fmt.Errorf("%s: configuration is invalid", args[0])}
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "%s: valid (%d services)\n", args[0], len(cfg.Services))
-			return nil
+			cfg, err := config.Load(args[0], opts)
+			return printCheck(cmd.OutOrStdout(), cmd.ErrOrStderr(), g.output == "json", args[0], opts.Host, cfg, err)
 		},
 	}
 	check.Flags().BoolVar(&dev, "dev", false, "accept a missing maglev.hash_seed, as l4lbd --dev does")
-	cmd.AddCommand(check)
+	check.Flags().BoolVar(&noHost, "no-host-checks", false, "check the file alone, not against this box (a config for another box)")
+	cmd.AddCommand(check, diffCmd(g))
+	return cmd
+}
+
+// checkIssue is one error or warning of `config check -o json`.
+type checkIssue struct {
+	File    string `json:"file"`
+	Line    int    `json:"line,omitempty"`
+	Service string `json:"service,omitempty"`
+	Backend string `json:"backend,omitempty"`
+	Key     string `json:"key,omitempty"`
+	Message string `json:"message"`
+}
+
+func issues(list config.ErrorList) []checkIssue {
+	out := []checkIssue{}
+	for _, e := range list {
+		out = append(out, checkIssue{File: e.File, Line: e.Line, Service: e.Service, Backend: e.Backend, Key: e.Key, Message: e.Msg})
+	}
+	return out
+}
+
+func printCheck(out, errOut io.Writer, asJSON bool, file string, host *config.Host, cfg *config.Config, err error) error {
+	var list config.ErrorList
+	if err != nil && !errors.As(err, &list) {
+		// Not a validation error: the file could not be read.
+		list = config.ErrorList{{File: file, Msg: err.Error()}}
+	}
+	if asJSON {
+		res := struct {
+			File     string       `json:"file"`
+			Valid    bool         `json:"valid"`
+			Services int          `json:"services,omitempty"`
+			MapBytes uint64       `json:"map_memory_bytes,omitempty"`
+			NewBytes uint64       `json:"map_memory_new_bytes,omitempty"`
+			Memory   uint64       `json:"memory_available_bytes,omitempty"`
+			Errors   []checkIssue `json:"errors,omitempty"`
+			Warnings []checkIssue `json:"warnings,omitempty"`
+		}{File: file, Valid: err == nil}
+		if host != nil {
+			res.Memory = host.MemoryAvailable
+		}
+		if err != nil {
+			res.Errors = issues(list)
+		} else {
+			res.Services, res.MapBytes, res.NewBytes = len(cfg.Services), cfg.MapMemory.Total, cfg.MapMemory.New
+			if len(cfg.Warnings) > 0 {
+				res.Warnings = issues(cfg.Warnings)
+			}
+		}
+		if werr := writeJSON(out, res); werr != nil {
+			return werr
+		}
+		if err != nil {
+			return &exitError{code: 1, err: errors.New("configuration is invalid"), reported: true}
+		}
+		return nil
+	}
+	if err != nil {
+		fmt.Fprintln(errOut, list.Error())
+		n := fmt.Sprintf("%d errors", len(list))
+		if len(list) == 1 {
+			n = "1 error"
+		}
+		return &exitError{code: 1, err: fmt.Errorf("%s: configuration is invalid (%s)", file, n)}
+	}
+	fmt.Fprintf(out, "%s: valid (%d services)\n", file, len(cfg.Services))
+	if mem := cfg.MapMemory; mem.Total > 0 {
+		pinned := ""
+		if mem.New < mem.Total {
+			pinned = fmt.Sprintf(", %s of it new (the rest is pinned under %s already)", config.MiB(mem.New), cfg.Daemon.BPFFS)
+		}
+		avail := ""
+		if host != nil && host.MemoryAvailable > 0 {
+			avail = fmt.Sprintf(" (%s available)", config.MiB(host.MemoryAvailable))
+		}
+		fmt.Fprintf(out, "maps: ≈ %s of kernel memory%s%s\n", config.MiB(mem.Total), pinned, avail)
+	}
+	for _, w := range cfg.Warnings {
+		fmt.Fprintln(out, "warning:", w.Error())
+	}
+	return nil
+}
+
+func seedCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{Use: "seed", Short: "make Maglev hash seeds"}
+	cmd.AddCommand(&cobra.Command{
+		Use:   "new",
+		Short: "print a new random maglev.hash_seed (put the same one on every LB box)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var s maglev.Seed
+			if _, err := rand.Read(s[:]); err != nil {
+				return fmt.Errorf("read random bytes: %w", err)
+			}
+			if g.output == "json" {
+				return writeJSON(cmd.OutOrStdout(), map[string]string{"hash_seed": s.String()})
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), s.String())
+			return nil
+		},
+	})
+	return cmd
+}
+
+func reloadCmd(g *globals) *cobra.Command {
+	var timeout time.Duration
+	cmd := &cobra.Command{
+		Use:   "reload",
+		Short: "make l4lbd re-read its configuration file and wait for the outcome; exits non-zero when it is rejected",
+		Long: `Asks the running l4lbd to re-read its configuration file, as SIGHUP does,
+and waits until the result is programmed. A rejected file prints every
+error and exits 1 while the previous configuration keeps serving, so
+` + "`systemctl reload l4lb`" + ` (whose ExecReload runs this) reports it too.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
+			defer cancel()
+			rl, err := api.NewClient(g.socket).Reload(ctx)
+			if err != nil {
+				return err
+			}
+			st, err := api.NewClient(g.socket).Status(ctx)
+			if err != nil {
+				return err
+			}
+			if g.output == "json" {
+				return writeJSON(cmd.OutOrStdout(), struct {
+					api.Reload
+					PendingRestart []string `json:"pending_restart,omitempty"`
+				}{rl, st.PendingRestart})
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "reloaded %s: %d services\n", st.ConfigFile, st.Services)
+			if len(st.PendingRestart) > 0 {
+				fmt.Fprintf(cmd.OutOrStdout(), "pending restart: %s\n", strings.Join(st.PendingRestart, ", "))
+			}
+			return nil
+		},
+	}
+	cmd.Flags().DurationVar(&timeout, "timeout", 5*time.Minute, "how long to wait for the reload")
 	return cmd
 }
 
@@ -86,6 +216,9 @@ func printStatus(out io.Writer, st api.Status) error {
 		reload = "REJECTED: " + st.LastReload.Error
 	}
 	fmt.Fprintf(tw, "last reload\t%s (%d reloads) %s\n", reload, st.LastReload.Count, st.LastReload.Time.Format(time.RFC3339))
+	if len(st.PendingRestart) > 0 {
+		fmt.Fprintf(tw, "pending restart\t%s (changed in the file; they apply when l4lbd restarts)\n", strings.Join(st.PendingRestart, ", "))
+	}
 	seed := st.SeedFingerprint
 	if st.DevSeed {
 		seed += " (PUBLIC DEV SEED: boxes will not agree)"
@@ -122,6 +255,7 @@ func printStatus(out io.Writer, st api.Status) error {
 			fmt.Fprintf(tw, "\t  %s\n", e)
 		}
 	}
+	announceSummary(tw, st)
 	if err := tw.Flush(); err != nil {
 		return err
 	}

@@ -12,14 +12,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/netip"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/spf13/cobra"
 
+	"github.com/l4lb/l4lb/internal/clidoc"
 	"github.com/l4lb/l4lb/lb/config"
 	"github.com/l4lb/l4lb/lb/daemon"
 	"github.com/l4lb/l4lb/lb/datapath"
@@ -37,6 +40,7 @@ func root() *cobra.Command {
 		path    string
 		dev     bool
 		cleanup bool
+		force   bool
 	)
 	cmd := &cobra.Command{
 		Use:           "l4lbd",
@@ -48,15 +52,12 @@ func root() *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			opts := config.Options{Dev: dev}
 			if cleanup {
-				cfg, err := config.Load(path, opts)
-				if err != nil {
-					// Cleanup must work even with a broken config:
-					// fall back to the default bpffs directory.
-					fmt.Fprintln(os.Stderr, "l4lbd: config unreadable, cleaning the default locations:", err)
-					cfg = config.Default()
-				}
-				return daemon.Cleanup(cfg)
+				return runCleanup(cmd.OutOrStdout(), path, opts, force)
 			}
+			if force {
+				return errors.New("--force only applies to --cleanup")
+			}
+			opts.Host = daemon.HostFacts()
 			cfg, err := config.Load(path, opts)
 			if err != nil {
 				return err
@@ -68,22 +69,59 @@ func root() *cobra.Command {
 			}
 			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 			defer stop()
-			go reloadOnHUP(ctx, d, log)
+			go reloadOnHUP(ctx, d)
 			return d.Run(ctx)
 		},
 	}
 	cmd.Flags().StringVarP(&path, "config", "c", "/etc/l4lb/l4lb.toml", "configuration file")
 	cmd.Flags().BoolVar(&dev, "dev", false, "allow a config without maglev.hash_seed (demos and tests on one box only)")
-	cmd.Flags().BoolVar(&cleanup, "cleanup", false, "detach the datapath, remove its pins and the admin socket, then exit")
-	cmd.AddCommand(backendCmd())
+	cmd.Flags().BoolVar(&cleanup, "cleanup", false, "detach the datapath, remove its pins, managed neighbours, the admin socket and the runtime overrides, print what was removed, then exit; refused while l4lbd runs")
+	cmd.Flags().BoolVar(&force, "force", false, "with --cleanup: clean up even while an l4lbd runs (it loses its datapath)")
+	cmd.AddCommand(backendCmd(), clidoc.Command(cmd))
 	return cmd
+}
+
+// runCleanup is `l4lbd --cleanup`: it must work even with a broken config,
+// falling back to the default locations, and says what it removed.
+func runCleanup(out io.Writer, path string, opts config.Options, force bool) error {
+	cfg, err := config.Load(path, opts)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "l4lbd: config unreadable, cleaning the default locations:", err)
+		cfg = config.Default()
+	}
+	c, err := daemon.Cleanup(cfg, force)
+	if c.Forced != nil {
+		fmt.Fprintf(out, "forced: %v; it no longer has a datapath\n", c.Forced)
+	}
+	for _, l := range c.Links {
+		fmt.Fprintf(out, "detached %s program from %s\n", l.Hook, l.Interface)
+	}
+	if len(c.Pins) > 0 {
+		fmt.Fprintf(out, "removed %d pinned maps under %s: %s\n", len(c.Pins), cfg.Daemon.BPFFS, strings.Join(c.Pins, " "))
+	}
+	for _, n := range c.Neighbours {
+		fmt.Fprintf(out, "deleted managed neighbour %s\n", n)
+	}
+	for _, f := range c.Files {
+		fmt.Fprintf(out, "removed %s\n", f)
+	}
+	if c.Empty() && len(c.Files) == 0 && err == nil {
+		fmt.Fprintf(out, "nothing to clean up under %s\n", cfg.Daemon.BPFFS)
+	}
+	for _, l := range c.Left {
+		if len(c.Links) == 0 {
+			break // nothing was attached, so nothing was turned on
+		}
+		fmt.Fprintf(out, "left: %s\n", l)
+	}
+	return err
 }
 
 func newLogger(level slog.Level) *slog.Logger {
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 }
 
-func reloadOnHUP(ctx context.Context, d *daemon.Daemon, log *slog.Logger) {
+func reloadOnHUP(ctx context.Context, d *daemon.Daemon) {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
@@ -92,9 +130,8 @@ func reloadOnHUP(ctx context.Context, d *daemon.Daemon, log *slog.Logger) {
 		case <-ctx.Done():
 			return
 		case <-hup:
-			if err := d.Reload(ctx); err != nil && !errors.Is(err, context.Canceled) {
-				log.Error("reload failed", "error", err)
-			}
+			// A rejection is logged once, by the reload itself.
+			_ = d.Reload(ctx)
 		}
 	}
 }

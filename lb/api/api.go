@@ -23,13 +23,17 @@ type Status struct {
 	// will not agree on backends.
 	DevSeed bool `json:"dev_seed"`
 	// SeedFingerprint identifies the hash seed without revealing it.
-	SeedFingerprint string      `json:"seed_fingerprint"`
-	LastReload      Reload      `json:"last_reload"`
-	Interfaces      []Interface `json:"interfaces"`
-	Services        int         `json:"services"`
-	Backends        int         `json:"backends"`
-	Conflicts       []string    `json:"conflicts,omitempty"`
-	Rejected        []string    `json:"rejected,omitempty"`
+	SeedFingerprint string `json:"seed_fingerprint"`
+	LastReload      Reload `json:"last_reload"`
+	// PendingRestart names the settings of the configuration in force
+	// (e.g. "maglev.hash_seed") whose new value applies only after l4lbd
+	// restarts; they keep their running values until then.
+	PendingRestart []string    `json:"pending_restart,omitempty"`
+	Interfaces     []Interface `json:"interfaces"`
+	Services       int         `json:"services"`
+	Backends       int         `json:"backends"`
+	Conflicts      []string    `json:"conflicts,omitempty"`
+	Rejected       []string    `json:"rejected,omitempty"`
 	// HealthWarnings name services whose checks all fail and are ignored
 	// (fail open).
 	HealthWarnings []string `json:"health_warnings,omitempty"`
@@ -38,6 +42,67 @@ type Status struct {
 	// Discovery reports the sources that watch something outside l4lbd
 	// (Consul): whether their services may be out of date.
 	Discovery []SourceStatus `json:"discovery,omitempty"`
+	// BGP and L2 are the VIP announcers' state; nil when off.
+	BGP *BGPStatus `json:"bgp,omitempty"`
+	L2  *L2Status  `json:"l2,omitempty"`
+	// FleetWarnings name the services whose fingerprints differ between
+	// LB boxes, and the boxes, as the fleet check sees them.
+	FleetWarnings []string `json:"fleet_warnings,omitempty"`
+}
+
+// BGPStatus is the BGP speaker's state (GET /v1/bgp).
+type BGPStatus struct {
+	ASN      uint32 `json:"asn"`
+	RouterID string `json:"router_id"`
+	// GracefulRestart and OnStop are the settings in force: whether a
+	// stop keeps the routes for a restart ("keep") or withdraws ("drain").
+	GracefulRestart bool      `json:"graceful_restart"`
+	OnStop          string    `json:"on_stop"`
+	Peers           []BGPPeer `json:"peers"`
+	// VIPs are the addresses the services ask to announce, announced or
+	// not (then with the reason).
+	VIPs []AnnouncedVIP `json:"vips"`
+}
+
+// BGPPeer is one BGP session.
+type BGPPeer struct {
+	Address string `json:"address"`
+	ASN     uint32 `json:"asn"`
+	// State is idle, connect, active, opensent, openconfirm or
+	// established.
+	State string `json:"state"`
+	Up    bool   `json:"up"`
+	// Since is when the session came up, or last went down.
+	Since           time.Time `json:"since,omitzero"`
+	UpdatesSent     uint64    `json:"updates_sent"`
+	UpdatesReceived uint64    `json:"updates_received"`
+	// Advertised counts the prefixes sent on the session.
+	Advertised uint64 `json:"advertised"`
+	// GracefulRestart is true when both sides negotiated it.
+	GracefulRestart bool   `json:"graceful_restart"`
+	LastError       string `json:"last_error,omitempty"`
+}
+
+// AnnouncedVIP is the announcement decision about one VIP.
+type AnnouncedVIP struct {
+	VIP       string   `json:"vip"`
+	Announced bool     `json:"announced"`
+	Services  []string `json:"services"`
+	Reason    string   `json:"reason,omitempty"`
+}
+
+// L2Status is the ARP/NDP responder's state.
+type L2Status struct {
+	VIPs       []AnnouncedVIP `json:"vips"`
+	Interfaces []L2Interface  `json:"interfaces"`
+}
+
+// L2Interface counts what the responder sent on one interface.
+type L2Interface struct {
+	Name           string `json:"name"`
+	ARPReplies     uint64 `json:"arp_replies"`
+	NDReplies      uint64 `json:"nd_replies"`
+	GratuitousSent uint64 `json:"gratuitous_sent"`
 }
 
 // SourceStatus is the state of one discovery source.
@@ -158,7 +223,117 @@ type Lookup struct {
 	Conntrack string `json:"conntrack,omitempty"`
 }
 
+// ConfigDiffRequest asks what a configuration file would change (POST
+// /v1/config/diff): its name (for errors) and content.
+type ConfigDiffRequest struct {
+	Name    string `json:"name"`
+	Content string `json:"content"`
+}
+
+// ConfigDiff is what loading a configuration would change, per service,
+// before anything is applied (`l4lbctl config diff`).
+type ConfigDiff struct {
+	// Old and New name the two sides: "running" for the daemon's state,
+	// or file names.
+	Old string `json:"old"`
+	New string `json:"new"`
+	// PendingRestart are settings that would change only at a restart
+	// (against the running daemon).
+	PendingRestart []string `json:"pending_restart,omitempty"`
+	// MaxFlowMove is the new file's daemon.max_flow_move (0: no guard);
+	// Refused names the services over it, which make a reload fail.
+	MaxFlowMove float64         `json:"max_flow_move,omitempty"`
+	Refused     []string        `json:"refused,omitempty"`
+	Services    []ServiceChange `json:"services"`
+}
+
+// ServiceChange is what a change does to one service.
+type ServiceChange struct {
+	Name string `json:"name"`
+	// Status is "added", "removed", "changed" or "unchanged".
+	Status     string          `json:"status"`
+	Added      []string        `json:"added,omitempty"`
+	Removed    []string        `json:"removed,omitempty"`
+	Reweighted []BackendChange `json:"reweighted,omitempty"`
+	Restated   []BackendChange `json:"restated,omitempty"`
+	// Other names changed settings besides the backends.
+	Other []string `json:"other,omitempty"`
+	// MovedFlows is the share (0..1) of the service's flows whose
+	// backend would change: Maglev slots changing owner, computed as
+	// l4lbd builds its tables.
+	MovedFlows float64 `json:"moved_flows"`
+}
+
+// BackendChange is a backend whose weight or state changes.
+type BackendChange struct {
+	Backend string `json:"backend"`
+	Old     string `json:"old"`
+	New     string `json:"new"`
+}
+
 // Error is the body of every non-2xx answer.
 type Error struct {
 	Error string `json:"error"`
+}
+
+// Fleet is the fleet check's view (GET /v1/fleet, and `l4lbctl fleet
+// compare`): every box's fingerprints side by side and where they differ.
+type Fleet struct {
+	// Self is this box's name; empty for an on-demand comparison.
+	Self string `json:"self,omitempty"`
+	// LastSync is when Consul last answered; Error why it does not.
+	LastSync time.Time  `json:"last_sync,omitzero"`
+	Error    string     `json:"error,omitempty"`
+	Boxes    []FleetBox `json:"boxes"`
+	// Frontends are every frontend a box serves, with each box's
+	// fingerprint.
+	Frontends []FleetFrontend `json:"frontends"`
+	// Mismatches are the frontends whose boxes have different
+	// fingerprints: they send a flow to different backends.
+	Mismatches []FleetFrontend `json:"mismatches"`
+	// Missing maps a frontend to the boxes that do not serve it.
+	Missing map[string][]string `json:"missing,omitempty"`
+	// Warnings say the above in sentences.
+	Warnings []string `json:"warnings,omitempty"`
+	// Gone are the boxes that left the fleet lately; they are not
+	// compared.
+	Gone []FleetGone `json:"gone,omitempty"`
+}
+
+// FleetBox is one box's record.
+type FleetBox struct {
+	Name            string `json:"name"`
+	Version         string `json:"version,omitempty"`
+	SeedFingerprint string `json:"seed_fingerprint"`
+	// Updated is when the box last changed its record.
+	Updated time.Time `json:"updated,omitzero"`
+	// LastSeen is when the box was last found running: its record in
+	// Consul, held by its live session, as of Consul's last answer (this
+	// box: now); for `fleet compare`, when it answered.
+	LastSeen time.Time      `json:"last_seen,omitzero"`
+	Services []FleetService `json:"services"`
+}
+
+// FleetGone is a box whose record went (it stopped, or its Consul session
+// expired) within the last hour.
+type FleetGone struct {
+	Name     string    `json:"name"`
+	LastSeen time.Time `json:"last_seen"`
+}
+
+// FleetService is one service of a box.
+type FleetService struct {
+	Name        string `json:"name"`
+	Frontend    string `json:"frontend"`
+	Fingerprint string `json:"fingerprint"`
+}
+
+// FleetFrontend is one frontend across the boxes.
+type FleetFrontend struct {
+	Frontend string   `json:"frontend"`
+	Services []string `json:"services"`
+	// Fingerprints maps box names to their fingerprint.
+	Fingerprints map[string]string `json:"fingerprints"`
+	// Differ is true when the fingerprints differ.
+	Differ bool `json:"differ"`
 }

@@ -3,6 +3,7 @@
 package api
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -42,7 +43,19 @@ func (c *Client) get(ctx context.Context, path string, out any) error {
 }
 
 func (c *Client) do(ctx context.Context, method, path string, out any) error {
-	req, err := http.NewRequestWithContext(ctx, method, "http://l4lbd"+Version+path, nil)
+	return c.doBody(ctx, method, path, nil, out)
+}
+
+func (c *Client) doBody(ctx context.Context, method, path string, in, out any) error {
+	var reqBody io.Reader
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return err
+		}
+		reqBody = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, "http://l4lbd"+Version+path, reqBody)
 	if err != nil {
 		return err
 	}
@@ -107,8 +120,37 @@ func (c *Client) Lookup(ctx context.Context, service string, client netip.AddrPo
 	return l, c.get(ctx, "/services/"+url.PathEscape(service)+"/lookup?client="+url.QueryEscape(client.String()), &l)
 }
 
+// Reload asks the daemon to re-read its configuration file and waits for
+// the outcome: a rejected file is an error with every problem in it. It
+// takes as long as the reload does (the context bounds it).
+func (c *Client) Reload(ctx context.Context) (Reload, error) {
+	var rl Reload
+	hc := *c.hc
+	hc.Timeout = 0
+	return rl, (&Client{socket: c.socket, hc: &hc}).do(ctx, http.MethodPost, "/reload", &rl)
+}
+
+// ConfigDiff asks what loading the file content would change against what
+// the daemon runs.
+func (c *Client) ConfigDiff(ctx context.Context, name string, content []byte) (ConfigDiff, error) {
+	var d ConfigDiff
+	return d, c.doBody(ctx, http.MethodPost, "/config/diff", ConfigDiffRequest{Name: name, Content: string(content)}, &d)
+}
+
 // Backend applies a runtime override to a backend of a service.
 func (c *Client) Backend(ctx context.Context, service string, backend netip.AddrPort, action BackendAction) error {
 	var out struct{}
 	return c.do(ctx, http.MethodPost, "/services/"+url.PathEscape(service)+"/backends/"+url.PathEscape(backend.String())+"/"+string(action), &out)
+}
+
+// BGP returns the BGP speaker's state.
+func (c *Client) BGP(ctx context.Context) (BGPStatus, error) {
+	var b BGPStatus
+	return b, c.get(ctx, "/bgp", &b)
+}
+
+// Fleet returns the fleet check's view.
+func (c *Client) Fleet(ctx context.Context) (Fleet, error) {
+	var f Fleet
+	return f, c.get(ctx, "/fleet", &f)
 }

@@ -25,9 +25,19 @@ type Provider interface {
 	Maglev(service string) (MaglevTable, error)
 	// Lookup says where a client's flow to the service goes.
 	Lookup(service string, client netip.AddrPort) (Lookup, error)
+	// BGP returns the speaker's state; ErrNotFound when BGP is off.
+	BGP() (BGPStatus, error)
+	// Fleet returns the fleet check's view; ErrNotFound when it is off.
+	Fleet() (Fleet, error)
 	// Backend applies a runtime override and returns once it is
 	// programmed.
 	Backend(ctx context.Context, service string, backend netip.AddrPort, action BackendAction) error
+	// Reload re-reads the configuration file, as SIGHUP does, and returns
+	// once the result is programmed; a rejected file is an error.
+	Reload(ctx context.Context) error
+	// ConfigDiff says what loading the configuration in req would change,
+	// without applying anything.
+	ConfigDiff(ctx context.Context, req ConfigDiffRequest) (ConfigDiff, error)
 }
 
 // ErrNotFound marks errors about a service or backend that does not exist;
@@ -103,6 +113,42 @@ func NewServer(p Provider, log *slog.Logger) *Server {
 		}
 		writeJSON(w, http.StatusOK, struct{}{})
 	})
+	s.mux.HandleFunc("POST "+Version+"/reload", func(w http.ResponseWriter, r *http.Request) {
+		if err := s.p.Reload(r.Context()); err != nil {
+			writeJSON(w, http.StatusUnprocessableEntity, Error{Error: "configuration rejected, the previous one keeps serving:\n" + err.Error()})
+			return
+		}
+		writeJSON(w, http.StatusOK, s.p.Status().LastReload)
+	})
+	s.mux.HandleFunc("POST "+Version+"/config/diff", func(w http.ResponseWriter, r *http.Request) {
+		var req ConfigDiffRequest
+		if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 32<<20)).Decode(&req); err != nil {
+			writeError(w, fmt.Errorf("body must be {\"name\", \"content\"}: %v: %w", err, ErrInvalid))
+			return
+		}
+		d, err := s.p.ConfigDiff(r.Context(), req)
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, d)
+	})
+	s.mux.HandleFunc("GET "+Version+"/bgp", func(w http.ResponseWriter, _ *http.Request) {
+		b, err := s.p.BGP()
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, b)
+	})
+	s.mux.HandleFunc("GET "+Version+"/fleet", func(w http.ResponseWriter, _ *http.Request) {
+		f, err := s.p.Fleet()
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, f)
+	})
 	s.mux.HandleFunc("GET "+Version+"/conntrack", func(w http.ResponseWriter, _ *http.Request) {
 		c, err := s.p.Conntrack()
 		if err != nil {
@@ -123,8 +169,17 @@ func Listen(path string) (net.Listener, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return nil, fmt.Errorf("admin socket: create %s: %w", filepath.Dir(path), err)
 	}
-	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("admin socket: remove stale %s: %w", path, err)
+	// Only a socket is ever removed: a path naming anything else is an
+	// operator's mistake, never l4lbd's to delete.
+	if fi, err := os.Lstat(path); err == nil {
+		if fi.Mode()&os.ModeSocket == 0 {
+			return nil, fmt.Errorf("admin socket: %s exists and is not a socket; refusing to replace it: point daemon.admin_socket elsewhere", path)
+		}
+		if err := os.Remove(path); err != nil {
+			return nil, fmt.Errorf("admin socket: remove stale %s: %w", path, err)
+		}
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("admin socket: %w", err)
 	}
 	// The umask keeps the socket private from the moment it exists; the
 	// chmod below makes that explicit whatever the process umask is.

@@ -7,11 +7,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math"
 	"reflect"
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/pelletier/go-toml/v2"
 )
@@ -19,10 +19,16 @@ import (
 // checker collects the problems of one document. Validation never stops at
 // the first problem: every check records its finding and moves on.
 type checker struct {
-	file string
-	idx  *lineIndex
-	json bool // the document is JSON: name its types the JSON way
-	errs ErrorList
+	file  string
+	idx   *lineIndex
+	json  bool // the document is JSON: name its types the JSON way
+	errs  ErrorList
+	warns ErrorList
+}
+
+// warn records a setting that works but is likely to harm the box.
+func (c *checker) warn(line int, format string, args ...any) {
+	c.warns = append(c.warns, &Error{File: c.file, Line: line, Msg: clipQuoted(fmt.Sprintf(format, clipArgs(args)...))})
 }
 
 func (c *checker) add(line int, service, backend, format string, args ...any) {
@@ -31,8 +37,71 @@ func (c *checker) add(line int, service, backend, format string, args ...any) {
 		Line:    line,
 		Service: service,
 		Backend: backend,
-		Msg:     fmt.Sprintf(format, args...),
+		Msg:     clipQuoted(fmt.Sprintf(format, clipArgs(args)...)),
 	})
+}
+
+// maxValueLen bounds how much of an operator's value an error repeats: a
+// megabyte-long string must not become a megabyte-long log line. Longer
+// strings are cut to clipLen.
+const (
+	maxValueLen = 256
+	clipLen     = 128
+)
+
+// clipQuoted shortens every quoted string (Go syntax, as %q writes it)
+// longer than maxValueLen in msg: values quoted by the parsers of other
+// packages (lb.ParseProtocol and friends) reach a message already
+// formatted, past clipArgs.
+func clipQuoted(msg string) string {
+	if len(msg) <= maxValueLen {
+		return msg
+	}
+	var b strings.Builder
+	for {
+		start := strings.IndexByte(msg, '"')
+		if start < 0 {
+			break
+		}
+		end := start + 1
+		for end < len(msg) && msg[end] != '"' {
+			if msg[end] == '\\' {
+				end++
+			}
+			end++
+		}
+		if end >= len(msg) {
+			break // unbalanced: leave the rest as it is
+		}
+		b.WriteString(msg[:start+1])
+		if inner := msg[start+1 : end]; len(inner) > maxValueLen {
+			cut := clipLen
+			for cut > 0 && (!utf8.RuneStart(inner[cut]) || inner[cut-1] == '\\') {
+				cut--
+			}
+			fmt.Fprintf(&b, "%s… (%d bytes)", inner[:cut], len(inner))
+		} else {
+			b.WriteString(inner)
+		}
+		b.WriteByte('"')
+		msg = msg[end+1:]
+	}
+	b.WriteString(msg)
+	return b.String()
+}
+
+// clipArgs shortens long string arguments of an error message.
+func clipArgs(args []any) []any {
+	for i, a := range args {
+		if s, ok := a.(string); ok && len(s) > maxValueLen {
+			cut := clipLen
+			for cut > 0 && !utf8.RuneStart(s[cut]) {
+				cut--
+			}
+			args[i] = fmt.Sprintf("%s… (%d bytes)", s[:cut], len(s))
+		}
+	}
+	return args
 }
 
 func (c *checker) line(path string) int {
@@ -84,7 +153,7 @@ func decodeErrorMsg(de *toml.DecodeError) string {
 		want := "a table"
 		if len(key) > 0 {
 			switch key[len(key)-1] {
-			case "service", "backend":
+			case "service", "backend", "peer":
 				want = "an array of tables ([[" + name + "]])"
 			default:
 				want = "a table ([" + name + "])"
@@ -301,7 +370,9 @@ func (s scope) name(key string) string {
 // errorf records a problem at key's line (or the table's when the key is
 // absent). key may carry an element index, as in `source_ranges[1]`.
 func (s scope) errorf(key, format string, args ...any) {
-	s.c.add(s.c.line(joinPath(s.path, key)), s.service, s.backend, format, args...)
+	path := joinPath(s.path, key)
+	s.c.add(s.c.line(path), s.service, s.backend, format, args...)
+	s.c.errs[len(s.c.errs)-1].Key = path
 }
 
 // kindOf names the type of a decoded value for "want X, got Y" messages.
@@ -385,11 +456,6 @@ func (s scope) intIn(key string, v any, lo, hi int64, hint string) (int64, bool)
 		return 0, false
 	}
 	return n, true
-}
-
-func (s scope) uint32In(key string, v any, lo int64, hint string) (uint32, bool) {
-	n, ok := s.intIn(key, v, lo, math.MaxUint32, hint)
-	return uint32(n), ok
 }
 
 func (s scope) port(key string, v any) (uint16, bool) {

@@ -20,10 +20,12 @@ package config
 
 import (
 	"fmt"
+	"io"
 	"log/slog"
 	"net/netip"
 	"os"
 	"reflect"
+	"syscall"
 	"time"
 
 	"github.com/l4lb/l4lb/lb"
@@ -39,8 +41,11 @@ const CurrentVersion = 1
 type Options struct {
 	// Dev allows a config without maglev.hash_seed: DevSeed is used instead
 	// and Config.Maglev.DevSeed is set so the daemon can say so loudly. For
-	// demos and tests on a single box only.
+	// demos and tests on a single box only. It also allows the public
+	// example seed of the documentation.
 	Dev bool
+	// Host, when set, adds the checks that need the machine's facts.
+	Host *Host
 }
 
 // DevSeed is the hash seed used when Options.Dev is set and the config has
@@ -51,15 +56,24 @@ var DevSeed = maglev.Seed([]byte("l4lb-dev-seed-00"))
 // Defaults applied when a key is absent. Their values are part of the
 // documented contract (etc/l4lb.toml repeats them).
 const (
-	defaultAdminSocket     = "/run/l4lb/l4lb.sock"
-	defaultMetricsListen   = "127.0.0.1:9842"
-	defaultBPFFS           = "/sys/fs/bpf/l4lb"
-	defaultSNATPortMin     = 16384
-	defaultSNATPortMax     = 32767
-	defaultConntrackMax    = 1 << 20
-	minConntrackMax        = 1024
-	defaultSNATMax         = 1 << 20
-	minSNATMax             = 1024
+	defaultAdminSocket   = "/run/l4lb/l4lb.sock"
+	defaultMetricsListen = "127.0.0.1:9842"
+	defaultBPFFS         = "/sys/fs/bpf/l4lb"
+	defaultSNATPortMin   = 16384
+	defaultSNATPortMax   = 32767
+	defaultConntrackMax  = 1 << 20
+	minConntrackMax      = 1024
+	defaultSNATMax       = 1 << 20
+	minSNATMax           = 1024
+	// Upper bounds of the capacities, far above what one box serves, so
+	// a typo cannot ask the kernel for tens of gigabytes. The memory a
+	// config needs is checked against the machine as well (Host).
+	maxConntrackMax = 1 << 27
+	maxSNATMax      = 1 << 27
+	maxMaxServices  = 1 << 20
+	// Backend ids share a health-probe socket mark with a fixed high byte
+	// (lb/datapath HealthMarkMask).
+	maxMaxBackends         = 1<<24 - 2
 	maxSNATAddresses       = 16 // per family; the datapath's limit
 	minSNATTimeout         = time.Second
 	defaultSNATTCP         = 6 * time.Hour
@@ -102,6 +116,20 @@ type Config struct {
 	// Kubernetes is nil when [discovery.kubernetes] is absent: the source
 	// is off.
 	Kubernetes *Kubernetes
+	// Warnings are settings that work but are likely to harm the box;
+	// only checks with Options.Host make them.
+	Warnings ErrorList
+	// MapMemory is the estimated kernel memory of the datapath maps;
+	// zero when Options.Host could not tell.
+	MapMemory MapMemory
+	// BGP is nil when [bgp] is absent: no VIP is announced over BGP.
+	BGP *BGP
+	// L2 is nil when [l2] is absent: no ARP or neighbour solicitation for
+	// a VIP is answered.
+	L2 *L2
+	// Fleet is nil when the fleet check does not publish (no
+	// [discovery.consul], or fleet.publish = false).
+	Fleet *Fleet
 }
 
 // Daemon holds the settings of the l4lbd process itself.
@@ -116,6 +144,10 @@ type Daemon struct {
 	BPFFS string
 	// LogLevel is the minimum level logged.
 	LogLevel slog.Level
+	// MaxFlowMove, when above 0, is the largest share (0..1] of any
+	// service's flows a reload may move to another backend; a reload
+	// that would move more is refused, naming the service.
+	MaxFlowMove float64
 }
 
 // Attach is the kernel hook the load-balancer program runs at.
@@ -324,18 +356,57 @@ func Parse(name string, data []byte, opts Options) (*Config, error) {
 	}
 	c.addStrict(strict, raw.Service, reflect.TypeOf(raw), true)
 	cfg := c.config(&raw, opts)
+	c.host(&raw, cfg, opts.Host)
 	if len(c.errs) > 0 {
 		c.errs.sortByLine()
 		return nil, c.errs
 	}
+	c.warns.sortByLine()
+	cfg.Warnings = c.warns
 	return cfg, nil
 }
 
+// MaxFileSize is the largest config file Load reads: far above any real
+// configuration, and small enough that a wrong path cannot exhaust memory.
+const MaxFileSize = 16 << 20
+
 // Load reads and parses the config file at path.
 func Load(path string, opts Options) (*Config, error) {
-	data, err := os.ReadFile(path)
+	data, err := ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	return Parse(path, data, opts)
+}
+
+// ReadFile reads a config file: a regular file (or a symbolic link to one)
+// of at most MaxFileSize bytes. Anything else is refused before a byte is
+// read, so a FIFO cannot block the caller (the daemon's control loop) and a
+// device such as /dev/zero cannot grow its memory without bound.
+func ReadFile(path string) ([]byte, error) {
+	// O_NONBLOCK: opening a FIFO would otherwise wait for a writer.
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, fmt.Errorf("cannot read config file: %w (check the --config path and its permissions)", err)
 	}
-	return Parse(path, data, opts)
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("cannot read config file: %w", err)
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("config file %s is not a regular file (%s): point --config at a regular file", path, fi.Mode().Type())
+	}
+	if fi.Size() > MaxFileSize {
+		return nil, fmt.Errorf("config file %s is %d bytes, more than the %d MiB a config file may have", path, fi.Size(), MaxFileSize>>20)
+	}
+	// The file may grow between Stat and the read.
+	data, err := io.ReadAll(io.LimitReader(f, MaxFileSize+1))
+	if err != nil {
+		return nil, fmt.Errorf("cannot read config file %s: %w", path, err)
+	}
+	if len(data) > MaxFileSize {
+		return nil, fmt.Errorf("config file %s is more than the %d MiB a config file may have", path, MaxFileSize>>20)
+	}
+	return data, nil
 }

@@ -26,7 +26,7 @@ var netipComparers = cmp.Options{
 	cmp.Comparer(func(a, b netip.Prefix) bool { return a == b }),
 }
 
-var testSeed = maglev.Seed{0x00, 0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88, 0x99, 0xaa, 0xbb, 0xcc, 0xdd, 0xee, 0xff}
+var testSeed = maglev.Seed{0x5f, 0x1c, 0x0f, 0xfe, 0xe0, 0xdd, 0xba, 0x11, 0xde, 0xad, 0xbe, 0xef, 0x00, 0xc0, 0xff, 0xee}
 
 // head is the smallest valid config; cases append to it.
 const head = `
@@ -34,7 +34,7 @@ const head = `
 interfaces = ["eth0"]
 
 [maglev]
-hash_seed = "00112233445566778899aabbccddeeff"
+hash_seed = "5f1c0ffee0ddba11deadbeef00c0ffee"
 `
 
 // base is what Parse returns for head alone.
@@ -92,7 +92,7 @@ tcp = "1h"
 tcp_closing = "1s"
 udp = "90s"
 [maglev]
-hash_seed = "00112233445566778899AABBCCDDEEFF"
+hash_seed = "5F1C0FFEE0DDBA11DEADBEEF00C0FFEE"
 table_size = 251
 `,
 			want: func() *Config {
@@ -292,7 +292,7 @@ type = "none"
 interfaces = ["eth0"]
 mode = "hybrid"
 [maglev]
-hash_seed = "00112233445566778899aabbccddeeff"
+hash_seed = "5f1c0ffee0ddba11deadbeef00c0ffee"
 # Hybrid sends UDP by SNAT, so the backend port is free.
 [[service]]
 name = "udp"
@@ -401,6 +401,33 @@ protocol = "tcp"
 				c := base()
 				c.Consul = &Consul{Address: "127.0.0.1:8500", Tag: "l4lb", KVPrefix: "l4lb/services/", Stale: true, WarningState: lb.Active}
 				c.Kubernetes = &Kubernetes{LoadBalancerClass: "l4lb.io/l4lb"}
+				c.Fleet = &Fleet{KVPrefix: "l4lb/fleet/", SessionTTL: 15 * time.Second}
+				return c
+			},
+		},
+		{
+			name: "bgp and l2 defaults",
+			doc:  head + "[bgp]\nasn = 65001\nrouter_id = \"10.0.0.2\"\n[[bgp.peer]]\naddress = \"2001:db8::1\"\nasn = 65000\n[l2]\n",
+			want: func() *Config {
+				c := base()
+				c.BGP = &BGP{
+					ASN: 65001, RouterID: netip.MustParseAddr("10.0.0.2"), MinHealthy: 1,
+					GracefulRestart: true, RestartTime: 120 * time.Second, OnStop: StopKeep, DrainTime: 5 * time.Second,
+					Peers: []BGPPeer{{
+						Address: netip.MustParseAddr("2001:db8::1"), ASN: 65000, Port: 179,
+						HoldTime: 90 * time.Second, Keepalive: 30 * time.Second, ConnectRetry: 5 * time.Second, IPv6: true,
+					}},
+				}
+				c.L2 = &L2{Interfaces: c.Datapath.Interfaces, MinHealthy: 1}
+				return c
+			},
+		},
+		{
+			name: "fleet without publishing",
+			doc:  head + "[discovery.consul]\n[fleet]\npublish = false\n",
+			want: func() *Config {
+				c := base()
+				c.Consul = &Consul{Address: "127.0.0.1:8500", Tag: "l4lb", KVPrefix: "l4lb/services/", Stale: true, WarningState: lb.Active}
 				return c
 			},
 		},
@@ -432,6 +459,7 @@ load_balancer_class = "example.com/lb"
 					TLSServerName: "consul", WarningState: lb.Draining, RegisterSelf: true,
 				}
 				c.Kubernetes = &Kubernetes{Kubeconfig: "/etc/l4lb/kubeconfig", LoadBalancerClass: "example.com/lb"}
+				c.Fleet = &Fleet{KVPrefix: "l4lb/fleet/", SessionTTL: 15 * time.Second}
 				return c
 			},
 		},

@@ -23,6 +23,10 @@ type Error struct {
 	// Backend is the backend's address:port, or "#N" when its address is
 	// unusable.
 	Backend string
+	// Key is the key the problem is about, as a path into the document
+	// (`datapath.max_services`, `service[0].backend[1].address`); empty
+	// when the problem is not about one key (a syntax error).
+	Key string
 	// Msg says what is wrong and what to do about it.
 	Msg string
 }

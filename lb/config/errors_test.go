@@ -5,7 +5,9 @@ package config
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
+	"unicode/utf8"
 )
 
 func TestErrorFormat(t *testing.T) {
@@ -51,5 +53,41 @@ func TestErrorList(t *testing.T) {
 	var first *Error
 	if !errors.As(wrapped, &first) || first.Msg != "a" {
 		t.Errorf("errors.As(*Error) = %v, want the first error", first)
+	}
+}
+
+// TestLongValuesClipped: an error repeats at most a few hundred bytes of
+// an operator's value, whoever quoted it (this package, or a parser of
+// another one), so a megabyte-long value cannot make a megabyte-long error
+// or log line.
+func TestLongValuesClipped(t *testing.T) {
+	long := strings.Repeat("x", 1<<20)
+	for _, tt := range []struct {
+		name, key, value string
+	}{
+		{"enum of lb", "protocol", long},                      // lb.ParseProtocol quotes it
+		{"enum of config", "algorithm", long},                 // this package's message
+		{"escaped", "protocol", strings.Repeat(`"\é`, 1<<18)}, // quotes, backslashes and UTF-8 cut safely
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			doc := fmt.Sprintf("[datapath]\ninterfaces = [\"eth0\"]\n[maglev]\nhash_seed = \"5f1c0ffee0ddba11deadbeef00c0ffee\"\n"+
+				"[[service]]\nname = \"web\"\nvip = \"10.0.0.10\"\nport = 80\nprotocol = \"tcp\"\n%s = %q\n[[service.backend]]\naddress = \"10.1.0.11\"\n",
+				tt.key, tt.value)
+			doc = strings.Replace(doc, "protocol = \"tcp\"\nprotocol", "protocol", 1)
+			_, err := Parse("f.toml", []byte(doc), Options{})
+			if err == nil {
+				t.Fatal("accepted")
+			}
+			msg := err.Error()
+			if len(msg) > 1024 || !strings.Contains(msg, " bytes)") || !utf8.ValidString(msg) {
+				t.Errorf("error of %d bytes (valid UTF-8: %v): %.600s", len(msg), utf8.ValidString(msg), msg)
+			}
+			t.Logf("%s", msg)
+		})
+	}
+	// Short values and messages stay whole.
+	short := `service "web": protocol: unknown protocol "sctp" (want tcp or udp)`
+	if got := clipQuoted(short + strings.Repeat(" hint", 100)); got != short+strings.Repeat(" hint", 100) {
+		t.Errorf("clipQuoted changed a message without a long value: %q", got)
 	}
 }

@@ -5,6 +5,8 @@ package config
 import (
 	"errors"
 	"fmt"
+	"io/fs"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -17,6 +19,11 @@ import (
 //	# want: <substring of one expected error>   (one line per expected error)
 //	# line: <N>                                  (optional, in want order)
 //	# dev: true                                  (optional: Options.Dev)
+//	# host-addr: <prefix> <interface>            (optional: an address of the box)
+//	# host-file: <path> regular|dir|fifo|socket  (optional: what is at a path)
+//
+// A host-* line makes the case run with Options.Host holding those facts,
+// as l4lbd and `l4lbctl config check` run on a box that has them.
 //
 // Lines not given with `# line:` come from trailing `# <- error` markers,
 // in file order. The number of errors must match the number of wants
@@ -25,6 +32,39 @@ type corpusCase struct {
 	wants []string
 	lines []int
 	dev   bool
+	host  *Host
+}
+
+// corpusHost adds one host-* fact to cc.
+func corpusHost(t *testing.T, cc *corpusCase, kind, v string) {
+	t.Helper()
+	if cc.host == nil {
+		cc.host = &Host{}
+	}
+	f := strings.Fields(v)
+	if len(f) != 2 {
+		t.Fatalf("host-%s: want two fields, got %q", kind, v)
+	}
+	switch kind {
+	case "addr":
+		cc.host.Addresses = append(cc.host.Addresses, HostAddr{Prefix: netip.MustParsePrefix(f[0]), Interface: f[1]})
+	case "file":
+		modes := map[string]fs.FileMode{"regular": 0, "dir": fs.ModeDir, "fifo": fs.ModeNamedPipe, "socket": fs.ModeSocket}
+		mode, ok := modes[f[1]]
+		if !ok {
+			t.Fatalf("host-file: unknown kind %q", f[1])
+		}
+		prev := cc.host.Lstat
+		cc.host.Lstat = func(p string) (fs.FileMode, bool) {
+			if p == f[0] {
+				return mode, true
+			}
+			if prev != nil {
+				return prev(p)
+			}
+			return 0, false
+		}
+	}
 }
 
 func readCorpusCase(t *testing.T, path string, data []byte) corpusCase {
@@ -43,6 +83,10 @@ func readCorpusCase(t *testing.T, path string, data []byte) corpusCase {
 			cc.lines = append(cc.lines, n)
 		case l == "# dev: true":
 			cc.dev = true
+		case strings.HasPrefix(l, "# host-addr: "):
+			corpusHost(t, &cc, "addr", strings.TrimPrefix(l, "# host-addr: "))
+		case strings.HasPrefix(l, "# host-file: "):
+			corpusHost(t, &cc, "file", strings.TrimPrefix(l, "# host-file: "))
 		case strings.HasSuffix(l, "# <- error"):
 			markers = append(markers, i+1)
 		}
@@ -72,7 +116,7 @@ func TestInvalidCorpus(t *testing.T) {
 				t.Fatal(err)
 			}
 			cc := readCorpusCase(t, path, data)
-			cfg, err := Parse(path, data, Options{Dev: cc.dev})
+			cfg, err := Parse(path, data, Options{Dev: cc.dev, Host: cc.host})
 			if err == nil {
 				t.Fatalf("Parse succeeded (%d services), want errors %q", len(cfg.Services), cc.wants)
 			}

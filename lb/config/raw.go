@@ -20,6 +20,9 @@ type rawFile struct {
 	Maglev    *rawMaglev    `toml:"maglev"`
 	Service   []rawService  `toml:"service"`
 	Discovery *rawDiscovery `toml:"discovery"`
+	BGP       *rawBGP       `toml:"bgp"`
+	L2        *rawL2        `toml:"l2"`
+	Fleet     *rawFleet     `toml:"fleet"`
 }
 
 type rawDaemon struct {
@@ -27,6 +30,7 @@ type rawDaemon struct {
 	MetricsListen any `toml:"metrics_listen"`
 	BPFFS         any `toml:"bpffs"`
 	LogLevel      any `toml:"log_level"`
+	MaxFlowMove   any `toml:"max_flow_move"`
 }
 
 type rawDatapath struct {
@@ -74,6 +78,8 @@ type rawService struct {
 	AffinityTimeout any          `toml:"affinity_timeout" json:"affinity_timeout"`
 	SourceRanges    any          `toml:"source_ranges" json:"source_ranges"`
 	DrainTimeout    any          `toml:"drain_timeout" json:"drain_timeout"`
+	Announce        any          `toml:"announce" json:"announce"`
+	AnnounceMin     any          `toml:"announce_min_healthy" json:"announce_min_healthy"`
 	Health          *rawHealth   `toml:"health" json:"health"`
 	Backend         []rawBackend `toml:"backend" json:"backend"`
 }
@@ -121,4 +127,45 @@ type rawConsul struct {
 type rawKubernetes struct {
 	Kubeconfig        any `toml:"kubeconfig"`
 	LoadBalancerClass any `toml:"load_balancer_class"`
+}
+
+type rawBGP struct {
+	ASN              any       `toml:"asn"`
+	RouterID         any       `toml:"router_id"`
+	ListenPort       any       `toml:"listen_port"`
+	NextHopIPv4      any       `toml:"next_hop_ipv4"`
+	NextHopIPv6      any       `toml:"next_hop_ipv6"`
+	Communities      any       `toml:"communities"`
+	LargeCommunities any       `toml:"large_communities"`
+	MinHealthy       any       `toml:"announce_min_healthy"`
+	GracefulRestart  any       `toml:"graceful_restart"`
+	RestartTime      any       `toml:"restart_time"`
+	OnStop           any       `toml:"on_stop"`
+	DrainSeconds     any       `toml:"drain_seconds"`
+	Peer             []rawPeer `toml:"peer"`
+}
+
+type rawPeer struct {
+	Address      any `toml:"address"`
+	ASN          any `toml:"asn"`
+	Port         any `toml:"port"`
+	Password     any `toml:"password"`
+	HoldTime     any `toml:"hold_time"`
+	Keepalive    any `toml:"keepalive"`
+	ConnectRetry any `toml:"connect_retry"`
+	Multihop     any `toml:"multihop"`
+	Passive      any `toml:"passive"`
+	Families     any `toml:"families"`
+}
+
+type rawL2 struct {
+	Interfaces any `toml:"interfaces"`
+	MinHealthy any `toml:"announce_min_healthy"`
+}
+
+type rawFleet struct {
+	Name       any `toml:"name"`
+	KVPrefix   any `toml:"kv_prefix"`
+	SessionTTL any `toml:"session_ttl"`
+	Publish    any `toml:"publish"`
 }

@@ -4,9 +4,12 @@ package config
 
 import (
 	"bytes"
+	"fmt"
 	"net/netip"
+	"net/url"
 	"reflect"
 	"strconv"
+	"strings"
 
 	"github.com/l4lb/l4lb/lb"
 	"github.com/l4lb/l4lb/lb/maglev"
@@ -223,12 +226,21 @@ func (c *checker) service(s scope, r *rawService, i int, d lb.Defaults) (lb.Serv
 			svc.DrainTimeout = t
 		}
 	}
+	if v, ok := s.boolean("announce", r.Announce); ok {
+		svc.Announce.Off = !v
+	}
+	if n, ok := s.intIn("announce_min_healthy", r.AnnounceMin, 1, maxMinHealthy, fmt.Sprintf("use 1..%d healthy backends", maxMinHealthy)); ok {
+		svc.Announce.MinHealthy = int(n)
+		if svc.Announce.Off {
+			s.errorf("announce_min_healthy", "announce_min_healthy has no effect with announce = false: remove one of them")
+		}
+	}
 	if vipOK {
 		svc.SourceRanges = c.sourceRanges(s, r.SourceRanges, svc.Frontend.Addr)
 	} else if r.SourceRanges != nil {
 		c.sourceRanges(s, r.SourceRanges, netip.Addr{})
 	}
-	svc.Health = c.health(s.sub("health"), r.Health)
+	svc.Health = c.health(s.sub("health"), r.Health, svc.Frontend.Addr)
 
 	eff := svc.WithDefaults(d)
 	// IPIP and Geneve carry the client's packet unchanged, destination
@@ -269,6 +281,27 @@ func (c *checker) service(s scope, r *rawService, i int, d lb.Defaults) (lb.Serv
 			eligible, eff.TableSize, suggestSize(eligible))
 	}
 	return svc, facts
+}
+
+// checkHTTPPath accepts what can follow GET in a request line: it starts
+// with '/', and has no whitespace or control characters (CR and LF would
+// end the line and break every probe) and no fragment.
+func checkHTTPPath(p string) error {
+	if len(p) == 0 || p[0] != '/' {
+		return fmt.Errorf("must start with \"/\"")
+	}
+	for _, r := range p {
+		if r <= ' ' || r == 0x7f {
+			return fmt.Errorf("contains %q: write a URL path without spaces or control characters (percent-encode them)", r)
+		}
+	}
+	if strings.ContainsRune(p, '#') {
+		return fmt.Errorf("contains a fragment ('#'), which is never sent to the server: remove it")
+	}
+	if _, err := url.ParseRequestURI(p); err != nil {
+		return fmt.Errorf("is not a valid URL path: %v", err)
+	}
+	return nil
 }
 
 // suggestSize proposes a table size for n backends: Maglev balances well
@@ -351,6 +384,8 @@ func (c *checker) backend(s scope, r *rawBackend, fe lb.Frontend, vipOK, svcPort
 			s.errorf("address", "address: %v", err)
 		} else if vipOK && a.Is4() != fe.Addr.Is4() {
 			s.errorf("address", "address family differs from VIP %s", fe.Addr)
+		} else if vipOK && a == fe.Addr {
+			s.errorf("address", "address %s is the service's own VIP: packets would be sent back to the load balancer; use the backend's real address", a)
 		} else {
 			addr, addrOK = a, true
 		}
@@ -384,7 +419,7 @@ func (c *checker) backend(s scope, r *rawBackend, fe lb.Frontend, vipOK, svcPort
 // health validates [service.health]. Absent means no checks (HealthNone);
 // present, it must say which kind, and every key must apply to that kind,
 // because a key that is silently ignored hides a misunderstanding.
-func (c *checker) health(s scope, r *rawHealth) lb.HealthCheck {
+func (c *checker) health(s scope, r *rawHealth, vip netip.Addr) lb.HealthCheck {
 	var h lb.HealthCheck
 	if r == nil {
 		return h
@@ -461,8 +496,8 @@ func (c *checker) health(s scope, r *rawHealth) lb.HealthCheck {
 	}
 	if only("path", r.Path, lb.HealthHTTP) {
 		if p, ok := s.str("path", r.Path); ok {
-			if len(p) == 0 || p[0] != '/' {
-				s.errorf("path", "health.path = %q must start with \"/\"", p)
+			if err := checkHTTPPath(p); err != nil {
+				s.errorf("path", "health.path = %q %v", p, err)
 			} else {
 				h.Path = p
 			}
@@ -474,7 +509,19 @@ func (c *checker) health(s scope, r *rawHealth) lb.HealthCheck {
 		}
 	}
 	if only("send", r.Send, lb.HealthUDP) {
-		h.Send, _ = s.str("send", r.Send)
+		if p, ok := s.str("send", r.Send); ok {
+			// The largest UDP payload one datagram carries: 65535
+			// minus the IP (20, IPv4) and UDP (8) headers.
+			limit := 65507
+			if vip.Is6() {
+				limit = 65527
+			}
+			if len(p) > limit {
+				s.errorf("send", "health.send is %d bytes, more than the %d a UDP datagram to %s can carry: every probe would fail; shorten it", len(p), limit, family(vip))
+			} else {
+				h.Send = p
+			}
+		}
 	}
 	if only("expect", r.Expect, lb.HealthUDP) {
 		h.Expect, _ = s.str("expect", r.Expect)

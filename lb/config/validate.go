@@ -18,7 +18,12 @@ import (
 
 // seedHowTo tells an operator how to make a seed; every box must get the
 // same one, so it is generated once and copied.
-const seedHowTo = "generate one with `head -c16 /dev/urandom | od -An -tx1 | tr -d ' \\n'` and put the same value on every LB box"
+const seedHowTo = "generate one with `l4lbctl seed new` (or `head -c16 /dev/urandom | od -An -tx1 | tr -d ' \\n'`) and put the same value on every LB box"
+
+// ExampleSeed is the seed the documentation used to show. Anyone can read
+// it, so a box using it is as predictable as one with DevSeed: refused
+// outside --dev.
+var ExampleSeed = maglev.Seed{0x00, 0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88, 0x99, 0xaa, 0xbb, 0xcc, 0xdd, 0xee, 0xff}
 
 // version checks the schema version; false means the file must not be read
 // any further.
@@ -50,6 +55,14 @@ func (c *checker) config(raw *rawFile, opts Options) *Config {
 			cfg.Kubernetes = c.kubernetes(d.Kubernetes)
 		}
 	}
+	if raw.BGP != nil {
+		cfg.BGP = c.bgp(raw.BGP)
+	}
+	if raw.L2 != nil {
+		cfg.L2 = c.l2(raw.L2, &cfg.Datapath)
+	}
+	cfg.Fleet = c.fleet(raw.Fleet, cfg.Consul)
+	c.fleetOverlap(cfg.Fleet, cfg.Consul, raw.Fleet != nil && raw.Fleet.KVPrefix != nil)
 	cfg.Services = c.services(raw.Service, cfg.Defaults(), "file:"+c.file)
 	c.capacity(cfg)
 	return cfg
@@ -95,6 +108,31 @@ func (c *checker) daemon(r *rawDaemon, d *Daemon) {
 	if l, ok := enum(s, "log_level", r.LogLevel, parseLogLevel); ok {
 		d.LogLevel = l
 	}
+	if r.MaxFlowMove != nil {
+		if f, ok := s.fraction("max_flow_move", r.MaxFlowMove); ok {
+			d.MaxFlowMove = f
+		}
+	}
+}
+
+// fraction converts a share: a number in (0, 1], such as 0.25 for a
+// quarter. An integer is accepted only as 1.
+func (s scope) fraction(key string, v any) (float64, bool) {
+	var f float64
+	switch x := v.(type) {
+	case float64:
+		f = x
+	case int64:
+		f = float64(x)
+	default:
+		s.wrongType(key, v, "a number in (0, 1]")
+		return 0, false
+	}
+	if !(f > 0 && f <= 1) {
+		s.errorf(key, "%s = %v is out of range: use a share in (0, 1], e.g. 0.25 for a quarter of a service's flows", s.name(key), v)
+		return 0, false
+	}
+	return f, true
 }
 
 // absPath accepts an absolute path: a relative one would depend on the
@@ -171,6 +209,10 @@ func unicast(text string) (netip.Addr, error) {
 		return a, fmt.Errorf("%q is the unspecified address: use a concrete address", text)
 	case a.IsMulticast():
 		return a, fmt.Errorf("%q is a multicast address: use a unicast address", text)
+	case a == netip.AddrFrom4([4]byte{255, 255, 255, 255}):
+		return a, fmt.Errorf("%q is the limited broadcast address: use a unicast address", text)
+	case a.IsLoopback():
+		return a, fmt.Errorf("%q is a loopback address, which never leaves the box it is on: use an address reachable over the network", text)
 	}
 	return a, nil
 }
@@ -255,18 +297,15 @@ func (c *checker) datapath(r *rawDatapath, d *Datapath) {
 			d.SNATPortMin, d.SNATPortMax = lo, hi
 		}
 	}
-	if n, ok := s.uint32In("conntrack_max", r.ConntrackMax, minConntrackMax, fmt.Sprintf("use at least %d entries (default %d)", minConntrackMax, defaultConntrackMax)); ok {
-		d.ConntrackMax = n
+	capacity := func(key string, v any, lo, hi, def int64, dst *uint32) {
+		if n, ok := s.intIn(key, v, lo, hi, fmt.Sprintf("use %d to %d entries (default %d)", lo, hi, def)); ok {
+			*dst = uint32(n)
+		}
 	}
-	if n, ok := s.uint32In("max_services", r.MaxServices, 1, fmt.Sprintf("use at least 1 (default %d)", defaultMaxServices)); ok {
-		d.MaxServices = n
-	}
-	if n, ok := s.uint32In("max_backends", r.MaxBackends, 1, fmt.Sprintf("use at least 1 (default %d)", defaultMaxBackends)); ok {
-		d.MaxBackends = n
-	}
-	if n, ok := s.uint32In("snat_max", r.SNATMax, minSNATMax, fmt.Sprintf("use at least %d entries (default %d)", minSNATMax, defaultSNATMax)); ok {
-		d.SNATMax = n
-	}
+	capacity("conntrack_max", r.ConntrackMax, minConntrackMax, maxConntrackMax, defaultConntrackMax, &d.ConntrackMax)
+	capacity("max_services", r.MaxServices, 1, maxMaxServices, defaultMaxServices, &d.MaxServices)
+	capacity("max_backends", r.MaxBackends, 1, maxMaxBackends, defaultMaxBackends, &d.MaxBackends)
+	capacity("snat_max", r.SNATMax, minSNATMax, maxSNATMax, defaultSNATMax, &d.SNATMax)
 	if r.SNATTimeouts != nil {
 		snatTimeouts(s.sub("snat_timeouts"), r.SNATTimeouts, &d.SNATTimeouts)
 	}
@@ -400,8 +439,12 @@ func (c *checker) maglev(r *rawMaglev, m *Maglev, opts Options) {
 			s.errorf("hash_seed", "maglev.hash_seed is malformed: %v; %s", err, seedHowTo)
 		case parsed == maglev.Seed{} && !opts.Dev:
 			s.errorf("hash_seed", "maglev.hash_seed is all zeros, which is what an unset seed looks like: %s", seedHowTo)
+		case parsed == ExampleSeed && !opts.Dev:
+			s.errorf("hash_seed", "maglev.hash_seed is the public example seed of the documentation: anyone can predict which backend a flow gets; %s (or run l4lbd --dev for a throwaway setup)", seedHowTo)
 		default:
 			m.Seed = parsed
+			// A public seed is flagged like the dev seed.
+			m.DevSeed = parsed == ExampleSeed
 		}
 	}
 	if r == nil {

@@ -13,8 +13,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"os"
+	"reflect"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -24,6 +27,7 @@ import (
 	"github.com/l4lb/l4lb/discovery"
 	"github.com/l4lb/l4lb/discovery/file"
 	"github.com/l4lb/l4lb/lb"
+	"github.com/l4lb/l4lb/lb/announce"
 	"github.com/l4lb/l4lb/lb/api"
 	"github.com/l4lb/l4lb/lb/config"
 	"github.com/l4lb/l4lb/lb/datapath"
@@ -74,6 +78,11 @@ type Daemon struct {
 	waiting bool
 	metrics *metrics.Recorder
 
+	// ann announces the VIPs (announce.go); nil before the first pass.
+	ann *announcers
+	// fleet is the fleet check (fleet.go); nil when off.
+	fleet *fleetRun
+
 	// The Consul source, when configured (consul.go).
 	consulRun atomic.Pointer[consulRun]
 	consulCtx context.Context // control loop only
@@ -85,6 +94,13 @@ type Daemon struct {
 
 	mu         sync.Mutex
 	lastReload api.Reload
+	// pending are the settings of the file in force that wait for a
+	// restart (keepRunning).
+	pending []string
+
+	// localAddrs are the box's own addresses, as of the last (re)load,
+	// by address; control loop only. Empty without host checks.
+	localAddrs map[netip.Addr]string
 }
 
 // view is what the API reads: replaced as a whole after every change.
@@ -104,6 +120,8 @@ type view struct {
 	recErr string
 	state  reconciler.State
 	cfg    *config.Config
+	// bgpVIPs and l2VIPs are the announcers' decisions for this view.
+	bgpVIPs, l2VIPs []announce.VIP
 }
 
 // New loads and validates the configuration; nothing touches the kernel yet.
@@ -135,14 +153,23 @@ func New(opts Options) (*Daemon, error) {
 	}
 	d.drainTimer.Stop()
 	d.metrics.ConfigLoaded(time.Now())
-	ov, err := loadOverrides(cfg.Daemon.AdminSocket)
-	if err != nil {
-		d.log.Warn("backend overrides not restored", "error", err)
-	}
-	d.overrides = ov
+	// Run reads the saved overrides once it holds the lock.
+	d.overrides = &overrides{path: OverridesPath(cfg.Daemon.AdminSocket), m: map[overrideKey]override{}}
 	d.lastReload = api.Reload{Time: time.Now(), OK: true, Count: 0}
 	d.view.Store(&view{cfg: cfg})
+	d.setLocal(opts.Config.Host)
 	return d, nil
+}
+
+// setLocal records the box's addresses of h (nil: no host checks).
+func (d *Daemon) setLocal(h *config.Host) {
+	d.localAddrs = map[netip.Addr]string{}
+	if h == nil {
+		return
+	}
+	for _, a := range h.Addresses {
+		d.localAddrs[a.Prefix.Addr().Unmap()] = a.Interface
+	}
 }
 
 // Config returns the configuration in force.
@@ -178,6 +205,18 @@ func datapathConfig(cfg *config.Config, log *slog.Logger) datapath.Config {
 // packet (`l4lbd --cleanup` removes them).
 func (d *Daemon) Run(ctx context.Context) error {
 	cfg := d.cfg
+	// Nothing of the state (pins, socket, overrides) is touched before the
+	// lock is held.
+	lock, err := Acquire(cfg)
+	if err != nil {
+		return err
+	}
+	defer lock.Release()
+	ov, err := loadOverrides(cfg.Daemon.AdminSocket)
+	if err != nil {
+		d.log.Warn("backend overrides not restored", "error", err)
+	}
+	d.overrides = ov
 	if cfg.Maglev.DevSeed {
 		d.log.Warn("running with the public development hash seed (--dev): LB boxes will not agree on backends; set maglev.hash_seed for production")
 	}
@@ -211,6 +250,13 @@ func (d *Daemon) Run(ctx context.Context) error {
 	d.health = health.New(health.Options{Log: d.log})
 	defer d.health.Stop()
 
+	// Everything started below ends with ctx, on any return: the
+	// goroutines in wg are waited for once it is cancelled.
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+
 	stopConsul, err := d.startConsul(ctx)
 	if err != nil {
 		return err
@@ -230,11 +276,18 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if err := d.dp.Retire(); err != nil {
 		d.log.Error("could not finish moving pinned maps to their new layout; the old ones stay pinned", "error", err)
 	}
-
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var wg sync.WaitGroup
-	defer wg.Wait()
+	// Announce only once the datapath forwards what is announced. After a
+	// restart the routers kept the routes (graceful restart) meanwhile.
+	if err := d.startAnnouncers(ctx, &wg, cfg, len(st.Services) > 0); err != nil {
+		return err
+	}
+	// On any return, before ctx ends: a drain withdraws the VIPs while
+	// the datapath, the admin API and the L2 answers still work.
+	defer d.stopAnnouncers()
+	if err := d.startFleet(ctx, &wg, cfg); err != nil {
+		return err
+	}
+	d.apply()
 
 	ln, err := api.Listen(cfg.Daemon.AdminSocket)
 	if err != nil {
@@ -268,7 +321,8 @@ func (d *Daemon) Run(ctx context.Context) error {
 	d.watchdog(ctx, &wg)
 	d.watchConfig(ctx, &wg, 2*time.Second)
 
-	notify(sddaemon.SdNotifyReady)
+	d.logWarnings(cfg)
+	notify(sddaemon.SdNotifyReady + "\n" + d.statusLine())
 	d.log.Info("l4lbd ready", "interfaces", cfg.Datapath.Interfaces, "services", len(d.view.Load().services))
 	err = d.loop(ctx)
 	notify(sddaemon.SdNotifyStopping)
@@ -347,6 +401,9 @@ func (d *Daemon) loop(ctx context.Context) error {
 				}
 			}
 		case <-d.drainTimer.C:
+		case <-d.recheckC():
+			d.reannounce()
+			continue
 		case req := <-d.requests:
 			err := req.f()
 			if req.ping {
@@ -366,6 +423,11 @@ func (d *Daemon) loop(ctx context.Context) error {
 			err := d.doReload()
 			aerr := d.apply()
 			d.publishReload(err)
+			if err == nil {
+				notify(sddaemon.SdNotifyReady + "\n" + d.statusLine())
+			} else {
+				notify(sddaemon.SdNotifyReady)
+			}
 			d.metrics.ObserveReload(time.Now(), err)
 			done <- err
 			if aerr != nil {
@@ -398,31 +460,80 @@ func (d *Daemon) Reload(ctx context.Context) error {
 
 func (d *Daemon) doReload() error {
 	notify(sddaemon.SdNotifyReloading)
-	defer notify(sddaemon.SdNotifyReady)
 	// Taken before the read: a change in between is then seen by the
 	// watch and read again, never missed.
 	digest := fileDigest(d.opts.ConfigPath)
 	d.loaded.Store(&digest)
-	cfg, err := config.Load(d.opts.ConfigPath, d.opts.Config)
+	opts := d.opts.Config
+	if opts.Host != nil {
+		// The box may have changed since the last load (addresses).
+		opts.Host = HostFacts()
+	}
+	cfg, err := config.Load(d.opts.ConfigPath, opts)
 	if err != nil {
-		d.log.Error("configuration rejected; the previous one keeps serving", "file", d.opts.ConfigPath, "error", err)
+		d.rejected(err)
 		return err
 	}
-	for _, w := range restartOnly(d.cfg, cfg) {
+	d.logWarnings(cfg)
+	d.setLocal(opts.Host)
+	// Settings that need a restart keep their running values.
+	pending := keepRunning(d.cfg, cfg)
+	if len(pending) > 0 {
+		d.log.Warn("settings changed that take effect only after a restart of l4lbd; they keep their running values", "settings", strings.Join(pending, ", "))
+	}
+	if max := cfg.Daemon.MaxFlowMove; max > 0 {
+		if over := OverGuard(d.preview(cfg), max); len(over) > 0 {
+			err := guardError(over, max)
+			d.rejected(err)
+			return err
+		}
+	}
+	if err := d.reloadConsul(cfg); err != nil {
+		d.rejected(err)
+		return err
+	}
+	for _, w := range d.reloadAnnouncers(cfg) {
 		d.log.Warn("setting changed; it takes effect after a restart of l4lbd", "setting", w)
 	}
-	// Settings that need a restart keep their running values.
-	cfg.Daemon = d.cfg.Daemon
-	cfg.Datapath.Interfaces = d.cfg.Datapath.Interfaces
-	cfg.Maglev.Seed = d.cfg.Maglev.Seed
-	if err := d.reloadConsul(cfg); err != nil {
-		d.log.Error("configuration rejected; the previous one keeps serving", "file", d.opts.ConfigPath, "error", err)
-		return err
-	}
 	d.cfg = cfg
+	d.mu.Lock()
+	d.pending = pending
+	d.mu.Unlock()
 	d.merger.Update(discovery.Snapshot{Source: d.file.Name(), Services: cfg.Services})
 	d.log.Info("configuration reloaded", "file", d.opts.ConfigPath, "services", len(cfg.Services))
 	return nil
+}
+
+// maxLoggedErrors bounds the errors of a rejected file that one log line
+// and the status carry; a file with thousands of bad lines must not make
+// lines of megabytes. `l4lbctl config check` prints them all.
+const maxLoggedErrors = 20
+
+// rejected logs a rejected configuration, once.
+func (d *Daemon) rejected(err error) {
+	d.log.Error("configuration rejected; the previous one keeps serving", "file", d.opts.ConfigPath, "error", summarize(err))
+	notify("STATUS=configuration rejected, the previous one keeps serving: " + firstLine(summarize(err)))
+}
+
+// logWarnings logs what the config checks warn about.
+func (d *Daemon) logWarnings(cfg *config.Config) {
+	for _, w := range cfg.Warnings {
+		d.log.Warn("configuration warning", "warning", w.Error())
+	}
+}
+
+// summarize keeps the first maxLoggedErrors errors of a config error list.
+func summarize(err error) string {
+	var list config.ErrorList
+	if errors.As(err, &list) && len(list) > maxLoggedErrors {
+		return list[:maxLoggedErrors].Error() + fmt.Sprintf("\n… and %d more errors (l4lbctl config check FILE lists them all)", len(list)-maxLoggedErrors)
+	}
+	return err.Error()
+}
+
+func firstLine(s string) string {
+	first, _, _ := strings.Cut(s, "\n")
+	return first
 }
 
 // sourceAnswered ends the wait for sources after a restart once the last
@@ -444,41 +555,57 @@ func (d *Daemon) publishReload(err error) {
 	d.lastReload.OK = err == nil
 	d.lastReload.Error = ""
 	if err != nil {
-		d.lastReload.Error = err.Error()
+		d.lastReload.Error = summarize(err)
 	}
 }
 
-// restartOnly lists settings that differ and only apply at start.
-func restartOnly(old, cur *config.Config) []string {
+// keepRunning gives cur the running values of the settings that apply only
+// at start (they size or name kernel objects, sockets and the seed every
+// table is built with), and returns the names of those whose value in cur
+// differs: they wait for a restart. Status and metrics show them.
+func keepRunning(running, cur *config.Config) []string {
 	var out []string
-	if old.Maglev.Seed != cur.Maglev.Seed {
-		out = append(out, "maglev.hash_seed")
+	diff := func(name string, changed bool) {
+		if changed {
+			out = append(out, name)
+		}
 	}
-	if !slices.Equal(old.Datapath.Interfaces, cur.Datapath.Interfaces) {
-		out = append(out, "datapath.interfaces")
-	}
-	if old.Datapath.Attach != cur.Datapath.Attach || old.Datapath.XDPMode != cur.Datapath.XDPMode {
-		out = append(out, "datapath.attach / xdp_mode")
-	}
-	if old.Datapath.ConntrackMax != cur.Datapath.ConntrackMax || old.Datapath.MaxServices != cur.Datapath.MaxServices ||
-		old.Datapath.MaxBackends != cur.Datapath.MaxBackends {
-		out = append(out, "datapath capacities (conntrack_max, max_services, max_backends)")
-	}
-	if !slices.Equal(old.Datapath.SNATAddresses, cur.Datapath.SNATAddresses) || old.Datapath.SNATPortMin != cur.Datapath.SNATPortMin ||
-		old.Datapath.SNATPortMax != cur.Datapath.SNATPortMax || old.Datapath.SNATMax != cur.Datapath.SNATMax ||
-		old.Datapath.SNATTimeouts != cur.Datapath.SNATTimeouts {
-		out = append(out, "datapath SNAT settings (snat_addresses, snat_port_range, snat_max, snat_timeouts)")
-	}
-	if old.Datapath.ICMPRateLimit != cur.Datapath.ICMPRateLimit {
-		out = append(out, "datapath.icmp_rate_limit")
-	}
-	if old.Datapath.FlowInsertRate != cur.Datapath.FlowInsertRate {
-		out = append(out, "datapath.flow_insert_rate")
-	}
-	if old.Daemon.AdminSocket != cur.Daemon.AdminSocket || old.Daemon.BPFFS != cur.Daemon.BPFFS ||
-		!slices.Equal(old.Daemon.MetricsListen, cur.Daemon.MetricsListen) {
-		out = append(out, "daemon.*")
-	}
+	rd, cd := running.Daemon, cur.Daemon
+	diff("daemon.admin_socket", rd.AdminSocket != cd.AdminSocket)
+	diff("daemon.metrics_listen", !slices.Equal(rd.MetricsListen, cd.MetricsListen))
+	diff("daemon.bpffs", rd.BPFFS != cd.BPFFS)
+	diff("daemon.log_level", rd.LogLevel != cd.LogLevel)
+	maxMove := cd.MaxFlowMove // applies at once: the guard of the new file
+	cur.Daemon = rd
+	cur.Daemon.MaxFlowMove = maxMove
+
+	r, c := running.Datapath, cur.Datapath
+	diff("datapath.interfaces", !slices.Equal(r.Interfaces, c.Interfaces))
+	diff("datapath.attach", r.Attach != c.Attach)
+	diff("datapath.xdp_mode", r.XDPMode != c.XDPMode)
+	diff("datapath.snat_addresses", !slices.Equal(r.SNATAddresses, c.SNATAddresses))
+	diff("datapath.snat_port_range", r.SNATPortMin != c.SNATPortMin || r.SNATPortMax != c.SNATPortMax)
+	diff("datapath.conntrack_max", r.ConntrackMax != c.ConntrackMax)
+	diff("datapath.max_services", r.MaxServices != c.MaxServices)
+	diff("datapath.max_backends", r.MaxBackends != c.MaxBackends)
+	diff("datapath.snat_max", r.SNATMax != c.SNATMax)
+	diff("datapath.snat_timeouts.tcp", r.SNATTimeouts.TCP != c.SNATTimeouts.TCP)
+	diff("datapath.snat_timeouts.tcp_closing", r.SNATTimeouts.TCPClosing != c.SNATTimeouts.TCPClosing)
+	diff("datapath.snat_timeouts.udp", r.SNATTimeouts.UDP != c.SNATTimeouts.UDP)
+	diff("datapath.icmp_rate_limit", r.ICMPRateLimit != c.ICMPRateLimit)
+	diff("datapath.flow_insert_rate", r.FlowInsertRate != c.FlowInsertRate)
+	// What a reload does apply: the service defaults.
+	r.Mode, r.Dispatch, r.DrainTimeout = c.Mode, c.Dispatch, c.DrainTimeout
+	cur.Datapath = r
+
+	diff("maglev.hash_seed", running.Maglev.Seed != cur.Maglev.Seed)
+	cur.Maglev.Seed, cur.Maglev.DevSeed = running.Maglev.Seed, running.Maglev.DevSeed
+
+	// The fleet check keeps its agent and token until a restart; the
+	// Consul source itself follows a reload at once.
+	sameFleet := reflect.DeepEqual(running.Fleet, cur.Fleet)
+	diff("[fleet]", !sameFleet)
+	diff("[discovery.consul] for the fleet check", sameFleet && cur.Fleet != nil && !reflect.DeepEqual(running.Consul, cur.Consul))
 	return out
 }
 
@@ -486,31 +613,8 @@ func restartOnly(old, cur *config.Config) []string {
 // and reconciles; it publishes a new view for the API.
 func (d *Daemon) apply() error {
 	merged, conflicts := d.merger.Desired()
-	defs := d.cfg.Defaults()
-	var (
-		desired  []lb.Service
-		rejected []string
-		refused  []metrics.Refusal
-	)
-	seen := map[overrideKey]bool{}
-	configStates := map[overrideKey]lb.BackendState{}
-	for _, svc := range merged {
-		svc = normalize(svc.WithDefaults(defs))
-		for _, b := range svc.Backends {
-			k := overrideKey{Service: svc.Name, Backend: b.Addr}
-			if _, ok := d.overrides.m[k]; ok {
-				configStates[k] = b.State
-			}
-		}
-		svc = d.overrides.apply(svc, seen)
-		// The datapath's own check also knows its SNAT addresses.
-		if err := d.dp.Supported(svc); err != nil {
-			rejected = append(rejected, fmt.Sprintf("service %q (%s): %v", svc.Name, svc.Source, err))
-			refused = append(refused, metrics.Refusal{Service: svc.Name, Source: svc.Source, Reason: metrics.RefusedUnsupported})
-			continue
-		}
-		desired = append(desired, svc)
-	}
+	r := d.resolve(merged, d.cfg.Defaults())
+	desired, rejected, refused, seen, configStates := r.desired, r.rejected, r.refused, r.seen, r.configStates
 	if d.overrides.prune(seen) {
 		if err := d.overrides.save(); err != nil {
 			d.log.Error("backend overrides", "error", err)
@@ -561,8 +665,54 @@ func (d *Daemon) apply() error {
 	if err != nil {
 		v.recErr = err.Error()
 	}
+	d.announce(v)
+	d.publishFleet(v)
 	d.view.Store(v)
 	return err
+}
+
+// resolved are merged services as the datapath gets them.
+type resolved struct {
+	desired  []lb.Service
+	rejected []string
+	refused  []metrics.Refusal
+	// seen are the overrides that still apply; configStates the
+	// sources' states of the overridden backends.
+	seen         map[overrideKey]bool
+	configStates map[overrideKey]lb.BackendState
+}
+
+// resolve gives merged services their defaults and runtime overrides, and
+// leaves out those the datapath cannot serve. It changes nothing: apply
+// programs its result, preview only compares it.
+func (d *Daemon) resolve(merged []lb.Service, defs lb.Defaults) resolved {
+	r := resolved{seen: map[overrideKey]bool{}, configStates: map[overrideKey]lb.BackendState{}}
+	for _, svc := range merged {
+		svc = normalize(svc.WithDefaults(defs))
+		for _, b := range svc.Backends {
+			k := overrideKey{Service: svc.Name, Backend: b.Addr}
+			if _, ok := d.overrides.m[k]; ok {
+				r.configStates[k] = b.State
+			}
+		}
+		svc = d.overrides.apply(svc, r.seen)
+		// Validation refuses it in the file; other sources get the
+		// same rule here.
+		if ifc, ok := d.localAddrs[svc.Frontend.Addr]; ok {
+			r.rejected = append(r.rejected, fmt.Sprintf("service %q (%s): vip %s is an address of this box (%s): l4lb would take over %s for every client; use an address the box does not hold",
+				svc.Name, svc.Source, svc.Frontend.Addr, ifc, svc.Frontend))
+			r.refused = append(r.refused, metrics.Refusal{Service: svc.Name, Source: svc.Source, Reason: metrics.RefusedLocalVIP})
+			continue
+		}
+		// The datapath's own check also knows its SNAT addresses.
+		if err := d.dp.Supported(svc); err != nil {
+			r.rejected = append(r.rejected, fmt.Sprintf("service %q (%s): %v", svc.Name, svc.Source, err))
+			r.refused = append(r.refused, metrics.Refusal{Service: svc.Name, Source: svc.Source, Reason: metrics.RefusedUnsupported})
+			continue
+		}
+		r.desired = append(r.desired, svc)
+	}
+	return r
 }
 
 // normalize resolves what the datapath stores per frontend: a frontend has
@@ -574,6 +724,21 @@ func normalize(s lb.Service) lb.Service {
 		s.Dispatch = lb.DispatchDefault
 	}
 	return s
+}
+
+// statusLine is the STATUS= text systemctl status shows.
+func (d *Daemon) statusLine() string {
+	v := d.view.Load()
+	line := fmt.Sprintf("STATUS=serving %d services on %s", len(v.services), strings.Join(v.cfg.Datapath.Interfaces, ", "))
+	if n := len(v.rejected); n > 0 {
+		line += fmt.Sprintf("; %d refused", n)
+	}
+	d.mu.Lock()
+	if len(d.pending) > 0 {
+		line += "; pending restart: " + strings.Join(d.pending, ", ")
+	}
+	d.mu.Unlock()
+	return line
 }
 
 func notify(state string) {
@@ -633,9 +798,8 @@ func (d *Daemon) watchConfig(ctx context.Context, wg *sync.WaitGroup, every time
 				continue
 			}
 			d.log.Info("configuration file changed; reloading", "file", d.opts.ConfigPath)
-			if err := d.Reload(ctx); err != nil && ctx.Err() == nil {
-				d.log.Error("reload after a change of the file failed; the previous configuration keeps serving", "error", err)
-			}
+			// A rejection is logged once, by the reload itself.
+			_ = d.Reload(ctx)
 		}
 	}()
 }
@@ -655,22 +819,76 @@ func (d *Daemon) configChanged(last *string) bool {
 }
 
 func fileDigest(path string) string {
-	b, err := os.ReadFile(path)
+	// The same guarded read as Load: a FIFO or a device in place of the
+	// file must not hang or bloat the watcher either.
+	b, err := config.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return "" // an editor replacing the file: wait for the new one
+	}
 	if err != nil {
-		return ""
+		// A file that became unreadable (a FIFO, a device, too big)
+		// is a change too: the reload reports it.
+		b = []byte("unreadable: " + err.Error())
 	}
 	sum := sha256.Sum256(b)
 	return string(sum[:])
 }
 
-// Cleanup detaches and unpins everything l4lbd left under the configured
-// bpffs directory and removes its admin socket.
-func Cleanup(cfg *config.Config) error {
-	err := datapath.Cleanup(cfg.Daemon.BPFFS)
-	if rerr := os.Remove(cfg.Daemon.AdminSocket); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
-		err = errors.Join(err, rerr)
+// Cleaned is what Cleanup removed, and what it left on purpose.
+type Cleaned struct {
+	datapath.Removed
+	// Files are the runtime files removed: the admin socket, the
+	// backend overrides.
+	Files []string
+	// Left says what l4lbd changed that stays, and why.
+	Left []string
+	// Forced is set when a running l4lbd held the lock (--force).
+	Forced *RunningError
+}
+
+// Cleanup removes everything l4lbd leaves behind on purpose when it stops
+// (`l4lbd --cleanup`): it detaches the programs, unpins every map under
+// daemon.bpffs, deletes the managed neighbour entries of the backends'
+// next hops, and removes the admin socket and the runtime overrides. It
+// refuses while an l4lbd holds the lock, unless force is set.
+func Cleanup(cfg *config.Config, force bool) (Cleaned, error) {
+	var c Cleaned
+	lock, err := Acquire(cfg)
+	var running *RunningError
+	switch {
+	case errors.As(err, &running) && force:
+		c.Forced = running
+	case errors.As(err, &running):
+		return c, fmt.Errorf("refusing to clean up: %w; stop it first (systemctl stop l4lb), or add --force to remove its datapath from under it", err)
+	case err != nil:
+		return c, err
 	}
-	return err
+	defer lock.Release()
+	removed, err := datapath.Cleanup(cfg.Daemon.BPFFS)
+	c.Removed = removed
+	var errs []error
+	if err != nil {
+		errs = append(errs, err)
+	}
+	// Only ever a socket: daemon.admin_socket naming another file is
+	// refused by validation, and never deleted here either.
+	if fi, serr := os.Lstat(cfg.Daemon.AdminSocket); serr == nil && fi.Mode()&os.ModeSocket != 0 {
+		if rerr := os.Remove(cfg.Daemon.AdminSocket); rerr != nil {
+			errs = append(errs, rerr)
+		} else {
+			c.Files = append(c.Files, cfg.Daemon.AdminSocket)
+		}
+	}
+	ov := OverridesPath(cfg.Daemon.AdminSocket)
+	if rerr := os.Remove(ov); rerr == nil {
+		c.Files = append(c.Files, ov)
+	} else if !errors.Is(rerr, os.ErrNotExist) {
+		errs = append(errs, rerr)
+	}
+	for _, ifc := range cfg.Datapath.Interfaces {
+		c.Left = append(c.Left, fmt.Sprintf("forwarding on %s (net.ipv4.conf.%s.forwarding, net.ipv6.conf.%s.forwarding and force_forwarding, which l4lbd turned on) stays on: turn it off with sysctl if nothing else on the box routes", ifc, ifc, ifc))
+	}
+	return c, errors.Join(errs...)
 }
 
 // seedFingerprint identifies a seed without revealing it.

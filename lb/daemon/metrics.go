@@ -3,13 +3,14 @@
 package daemon
 
 import (
-	"regexp"
-	"strings"
+	"errors"
 	"time"
 
 	"github.com/l4lb/l4lb/lb"
+	"github.com/l4lb/l4lb/lb/api"
 	"github.com/l4lb/l4lb/lb/health"
 	"github.com/l4lb/l4lb/lb/metrics"
+	"github.com/l4lb/l4lb/lb/reconciler"
 )
 
 var _ metrics.Source = (*Daemon)(nil)
@@ -84,6 +85,27 @@ func (d *Daemon) Snapshot() metrics.Snapshot {
 		snap.Conflicts = append(snap.Conflicts, metrics.Conflict{Service: c.Service, Source: c.Source, Reason: c.Reason})
 	}
 	snap.Refused = append(snap.Refused, v.refused...)
+	d.mu.Lock()
+	snap.PendingRestart = append(snap.PendingRestart, d.pending...)
+	d.mu.Unlock()
+	snap.SeedFingerprint = seedFingerprint(v.cfg.Maglev.Seed)
+	if rep, _, ok := d.fleetReport(); ok {
+		snap.Fleet = &metrics.Fleet{Boxes: len(rep.Boxes), Mismatch: rep.Mismatched(d.fleet.f.Name())}
+	}
+	if b := d.bgpStatus(v); b != nil {
+		mb := &metrics.BGP{Announced: announcedCount(b.VIPs)}
+		for _, p := range b.Peers {
+			mb.Peers = append(mb.Peers, metrics.BGPPeer{Address: p.Address, Up: p.Up, Advertised: p.Advertised, UpdatesSent: p.UpdatesSent, UpdatesReceived: p.UpdatesReceived})
+		}
+		snap.BGP = mb
+	}
+	if l := d.l2Status(v); l != nil {
+		ml := &metrics.L2{Announced: announcedCount(l.VIPs)}
+		for _, i := range l.Interfaces {
+			ml.Interfaces = append(ml.Interfaces, metrics.L2Interface{Name: i.Name, ARPReplies: i.ARPReplies, NDReplies: i.NDReplies, Gratuitous: i.GratuitousSent})
+		}
+		snap.L2 = ml
+	}
 	return snap
 }
 
@@ -122,10 +144,7 @@ func (d *Daemon) mapOccupancy(v *view) []metrics.Map {
 	}
 }
 
-var serviceInError = regexp.MustCompile(`^service "([^"]+)"`)
-
 // mapFull lists the services a reconcile refused because a map is full.
-// The reconciler names the service first in each of its errors.
 func mapFull(err error, desired []lb.Service) []metrics.Refusal {
 	if err == nil {
 		return nil
@@ -134,20 +153,15 @@ func mapFull(err error, desired []lb.Service) []metrics.Refusal {
 	for _, s := range desired {
 		sources[s.Name] = s.Source
 	}
-	var errs []error
+	errs := []error{err}
 	if j, ok := err.(interface{ Unwrap() []error }); ok {
 		errs = j.Unwrap()
-	} else {
-		errs = []error{err}
 	}
 	var out []metrics.Refusal
 	for _, e := range errs {
-		msg := e.Error()
-		if !strings.Contains(msg, "map full") {
-			continue
-		}
-		if m := serviceInError.FindStringSubmatch(msg); m != nil {
-			out = append(out, metrics.Refusal{Service: m[1], Source: sources[m[1]], Reason: metrics.RefusedMapFull})
+		var full *reconciler.MapFullError
+		if errors.As(e, &full) {
+			out = append(out, metrics.Refusal{Service: full.Service, Source: sources[full.Service], Reason: metrics.RefusedMapFull})
 		}
 	}
 	return out
@@ -167,4 +181,13 @@ func (d *Daemon) countNewRefusals(now []metrics.Refusal) {
 			d.metrics.ServiceRefused(r.Reason)
 		}
 	}
+}
+
+func announcedCount(vips []api.AnnouncedVIP) (n int) {
+	for _, v := range vips {
+		if v.Announced {
+			n++
+		}
+	}
+	return n
 }

@@ -32,17 +32,27 @@ type override struct {
 	Since time.Time       `json:"since"`
 }
 
-// overrides are kept in a file next to the admin socket (under /run, which
-// systemd keeps across restarts of the service with
-// RuntimeDirectoryPreserve): a restarted l4lbd keeps them, a reboot clears
-// them, as befits a runtime override.
+// overrides are kept in a file next to the admin socket, named after it
+// (/run/l4lb/l4lb.overrides.json by default; /run is kept across restarts
+// of the service by RuntimeDirectoryPreserve): a restarted l4lbd keeps
+// them, a reboot clears them, as befits a runtime override.
 type overrides struct {
 	path string
 	m    map[overrideKey]override
 }
 
+// OverridesPath is the file holding the runtime backend overrides of the
+// l4lbd whose admin socket is socket.
+func OverridesPath(socket string) string { return runtimePath(socket, ".overrides.json") }
+
+// loadOverrides reads the overrides; the caller holds the lock. Versions
+// before the lock kept them as overrides.json next to the socket: such a
+// file is taken over.
 func loadOverrides(socket string) (*overrides, error) {
-	o := &overrides{path: filepath.Join(filepath.Dir(socket), "overrides.json"), m: map[overrideKey]override{}}
+	o := &overrides{path: OverridesPath(socket), m: map[overrideKey]override{}}
+	if _, err := os.Stat(o.path); errors.Is(err, os.ErrNotExist) {
+		_ = os.Rename(filepath.Join(filepath.Dir(socket), "overrides.json"), o.path)
+	}
 	b, err := os.ReadFile(o.path)
 	if errors.Is(err, os.ErrNotExist) {
 		return o, nil
@@ -169,9 +179,15 @@ func (d *Daemon) do(ctx context.Context, f func() error) error {
 
 // ping waits until the control loop is free: proof it is not wedged.
 func (d *Daemon) ping(ctx context.Context) error {
+	return d.query(ctx, func() error { return nil })
+}
+
+// query runs f on the control loop, which owns the merger and the
+// configuration, without a reconcile after it: for reads.
+func (d *Daemon) query(ctx context.Context, f func() error) error {
 	done := make(chan error, 1)
 	select {
-	case d.requests <- request{f: func() error { return nil }, done: done, ping: true}:
+	case d.requests <- request{f: f, done: done, ping: true}:
 	case <-ctx.Done():
 		return ctx.Err()
 	}

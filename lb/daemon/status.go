@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"slices"
 
 	"github.com/l4lb/l4lb/lb"
 	"github.com/l4lb/l4lb/lb/api"
@@ -23,6 +24,7 @@ func (d *Daemon) Status() api.Status {
 	v := d.view.Load()
 	d.mu.Lock()
 	rl := d.lastReload
+	pending := slices.Clone(d.pending)
 	d.mu.Unlock()
 	st := api.Status{
 		Version:         Version,
@@ -32,12 +34,21 @@ func (d *Daemon) Status() api.Status {
 		DevSeed:         v.cfg.Maglev.DevSeed,
 		SeedFingerprint: seedFingerprint(v.cfg.Maglev.Seed),
 		LastReload:      rl,
+		PendingRestart:  pending,
 		Services:        len(v.services),
 		Conflicts:       v.conflicts,
 		Rejected:        v.rejected,
 		HealthWarnings:  v.healthWarnings,
 		ReconcileError:  v.recErr,
 		Discovery:       d.discoveryStatus(),
+		BGP:             d.bgpStatus(v),
+		L2:              d.l2Status(v),
+	}
+	if rep, fst, ok := d.fleetReport(); ok {
+		st.FleetWarnings = rep.Warnings()
+		if fst.Error != "" {
+			st.FleetWarnings = append(st.FleetWarnings, "fleet check failing: "+fst.Error)
+		}
 	}
 	for _, s := range v.state.Services {
 		st.Backends += len(s.Backends)

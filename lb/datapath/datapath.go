@@ -180,26 +180,10 @@ func Load(cfg Config) (*LB, error) {
 		return nil, fmt.Errorf("datapath: max_backends %d does not fit the health-probe mark (at most %d)", cfg.MaxBackends, ^HealthMarkMask-1)
 	}
 	cfg = withPolicyDefaults(resolveSNATAddresses(withSNATDefaults(cfg)))
-	spec, err := bpf.LoadLb()
+	spec, cpus, err := sizedSpec(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("datapath: read embedded LB object: %w", err)
-	}
-	cpus, err := ebpf.PossibleCPU()
-	if err != nil {
-		return nil, fmt.Errorf("datapath: count CPUs: %w", err)
-	}
-	if err := configure(spec, cfg); err != nil {
 		return nil, err
 	}
-	for name, n := range map[string]uint32{bpf.LbMapSnatFwd: cfg.SNATMax, bpf.LbMapSnatRev: cfg.SNATMax,
-		bpf.LbMapSnatFwdOvf: snatOverflowMax(cfg.SNATMax), bpf.LbMapSnatRevOvf: snatOverflowMax(cfg.SNATMax)} {
-		spec.Maps[name].MaxEntries = n
-	}
-	// An LRU with per-CPU lists (affinity) is rounded up by the kernel to
-	// a multiple of the CPU count; ask for that size, or a restarted
-	// daemon would find its own pinned map "incompatible".
-	spec.Maps[bpf.LbMapAffinity].MaxEntries = perCPURound(cfg.AffinityMax, cpus)
-	pinRenamed(spec)
 	names, err := enumNames(spec.Types, "l4lb_reason", "L4LB_R_")
 	if err != nil {
 		return nil, err
@@ -266,6 +250,32 @@ func Load(cfg Config) (*LB, error) {
 	return d, nil
 }
 
+// sizedSpec is the LB object with cfg's load-time constants and map sizes
+// set, exactly as Load creates it, and the number of possible CPUs.
+func sizedSpec(cfg Config) (*ebpf.CollectionSpec, int, error) {
+	spec, err := bpf.LoadLb()
+	if err != nil {
+		return nil, 0, fmt.Errorf("datapath: read embedded LB object: %w", err)
+	}
+	cpus, err := ebpf.PossibleCPU()
+	if err != nil {
+		return nil, 0, fmt.Errorf("datapath: count CPUs: %w", err)
+	}
+	if err := configure(spec, cfg); err != nil {
+		return nil, 0, err
+	}
+	for name, n := range map[string]uint32{bpf.LbMapSnatFwd: cfg.SNATMax, bpf.LbMapSnatRev: cfg.SNATMax,
+		bpf.LbMapSnatFwdOvf: snatOverflowMax(cfg.SNATMax), bpf.LbMapSnatRevOvf: snatOverflowMax(cfg.SNATMax)} {
+		spec.Maps[name].MaxEntries = n
+	}
+	// An LRU with per-CPU lists (affinity) is rounded up by the kernel to
+	// a multiple of the CPU count; ask for that size, or a restarted
+	// daemon would find its own pinned map "incompatible".
+	spec.Maps[bpf.LbMapAffinity].MaxEntries = perCPURound(cfg.AffinityMax, cpus)
+	pinRenamed(spec)
+	return spec, cpus, nil
+}
+
 // newCollection loads spec, pinning its maps under pinPath (creating it and
 // its sub directory) or, with no pinPath, pinning nothing.
 func newCollection(what string, spec *ebpf.CollectionSpec, pinPath, subdir string) (*ebpf.Collection, error) {
@@ -306,7 +316,8 @@ func checkBPFFS(dir string) error {
 		return fmt.Errorf("statfs %s: %w", dir, err)
 	}
 	if uint32(st.Type) != unix.BPF_FS_MAGIC {
-		return fmt.Errorf("%s is not on a bpffs mount; mount one with `mount -t bpf bpf /sys/fs/bpf` (systemd does this at boot)", dir)
+		return fmt.Errorf("%s is not on a bpffs mount; mount one with `mount -t bpf bpf /sys/fs/bpf` (systemd does this at boot). "+
+			"Under `ip netns exec`, which mounts a /sys of its own and so hides the host's bpffs, start l4lbd with `nsenter --net=/run/netns/NAME` instead", dir)
 	}
 	return nil
 }
@@ -435,32 +446,5 @@ func (d *LB) Close() error {
 	d.nh.close()
 	d.closeLegacy()
 	d.coll.Close()
-	return errors.Join(errs...)
-}
-
-// Cleanup detaches every link pinned under pinPath and removes every pin
-// and the directory itself: `l4lbd --cleanup`. It is safe to run when
-// nothing is there.
-func Cleanup(pinPath string) error {
-	if pinPath == "" {
-		return errors.New("datapath: cleanup needs the bpffs directory")
-	}
-	var errs []error
-	links, _ := filepath.Glob(filepath.Join(pinPath, linkDir, "*"))
-	for _, p := range links {
-		l, err := link.LoadPinnedLink(p, nil)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("load pinned link %s: %w", p, err))
-			continue
-		}
-		if err := l.Unpin(); err != nil {
-			errs = append(errs, fmt.Errorf("unpin %s: %w", p, err))
-		}
-		// Closing the last reference to an unpinned link detaches it.
-		l.Close()
-	}
-	if err := os.RemoveAll(pinPath); err != nil && !errors.Is(err, os.ErrNotExist) {
-		errs = append(errs, fmt.Errorf("remove %s: %w", pinPath, err))
-	}
 	return errors.Join(errs...)
 }

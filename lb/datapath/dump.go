@@ -142,7 +142,10 @@ func backendFromMap(v bpf.LbBackend) reconciler.Backend {
 		Service: reconciler.ServiceID(v.SvcId),
 		State:   lb.Active,
 	}
-	if v.Flags&bpf.LbL4lbBackendFlagsL4LB_BACKEND_DRAINING != 0 {
+	switch {
+	case v.Flags&bpf.LbL4lbBackendFlagsL4LB_BACKEND_ACTIVE == 0:
+		b.State = lb.Disabled // see SetBackend
+	case v.Flags&bpf.LbL4lbBackendFlagsL4LB_BACKEND_DRAINING != 0:
 		b.State = lb.Draining
 	}
 	return b

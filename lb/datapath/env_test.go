@@ -131,6 +131,13 @@ type envOptions struct {
 	maxBackends uint32
 	// icmpRate is the ICMP answers' rate limit; 0 sends none.
 	icmpRate uint32
+	// insertRate is datapath.flow_insert_rate; 0 means no limit.
+	insertRate uint32
+	// snatMax is the SNAT tables' size; 0 takes conntrackMax.
+	snatMax uint32
+	// pinPath pins the maps there, for tests that load a second
+	// datapath over the first one's state (env.reload).
+	pinPath string
 }
 
 type xdpMD struct {
@@ -158,29 +165,77 @@ func newEnvWith(t testing.TB, o envOptions) *env {
 	for _, b := range append(append([]netip.Addr{}, backends4...), backends6...) {
 		ns.AddNeigh(t, "lb0", b.String(), backendMAC(b))
 	}
+	link := ns.Link(t, "lb0")
+	e := &env{ns: ns, ifindex: link.Attrs().Index, lbMAC: link.Attrs().HardwareAddr}
+	e.load(t, o, nil)
+	return e
+}
+
+// load loads e's datapath with o (over the pins of a previous one when
+// o.pinPath is set) and a reconciler that adopts what it holds, naming the
+// adopted services as svcs do (the kernel does not keep names).
+func (e *env) load(t testing.TB, o envOptions, svcs []lb.Service) {
+	t.Helper()
 	if o.snatAddrs == nil {
 		o.snatAddrs = []netip.Addr{lbAddr4, lbAddr6}
 	}
+	if o.conntrackMax == 0 {
+		o.conntrackMax = 4096
+	}
+	if o.maxBackends == 0 {
+		o.maxBackends = 256
+	}
 	lbd, err := datapath.Load(datapath.Config{
-		Seed:          testSeed,
-		MaxServices:   64,
-		MaxBackends:   o.maxBackends,
-		ConntrackMax:  o.conntrackMax,
-		SNATAddresses: o.snatAddrs,
-		SNATPortMin:   o.snatPortMin,
-		SNATPortMax:   o.snatPortMax,
-		SNATTimeouts:  o.snatTimeouts,
-		ICMPRateLimit: o.icmpRate,
-		Netns:         ns.Handle(),
-		Log:           slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		PinPath:        o.pinPath,
+		Seed:           testSeed,
+		MaxServices:    64,
+		MaxBackends:    o.maxBackends,
+		ConntrackMax:   o.conntrackMax,
+		SNATAddresses:  o.snatAddrs,
+		SNATPortMin:    o.snatPortMin,
+		SNATPortMax:    o.snatPortMax,
+		SNATTimeouts:   o.snatTimeouts,
+		SNATMax:        o.snatMax,
+		ICMPRateLimit:  o.icmpRate,
+		FlowInsertRate: o.insertRate,
+		Netns:          e.ns.Handle(),
+		Log:            slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	})
 	if err != nil {
 		t.Fatalf("load datapath: %v", err)
 	}
 	t.Cleanup(func() { lbd.Close() })
-	rec := reconciler.New(reconciler.Config{Seed: testSeed, MaxServices: 64, MaxBackends: o.maxBackends}, lbd, nil)
-	link := ns.Link(t, "lb0")
-	return &env{ns: ns, lb: lbd, rec: rec, ifindex: link.Attrs().Index, lbMAC: link.Attrs().HardwareAddr}
+	rcfg := reconciler.Config{Seed: testSeed, MaxServices: 64, MaxBackends: o.maxBackends}
+	st, err := lbd.State()
+	if err != nil {
+		t.Fatalf("read datapath state: %v", err)
+	}
+	for i := range st.Services {
+		for _, s := range svcs {
+			if s.Frontend == st.Services[i].Service.Frontend {
+				st.Services[i].Service.Name = s.Name
+			}
+		}
+	}
+	rec, err := reconciler.NewFromState(rcfg, lbd, nil, st)
+	if err != nil {
+		t.Fatalf("adopt datapath state: %v", err)
+	}
+	e.lb, e.rec = lbd, rec
+}
+
+// reload replaces e's datapath by one loaded with o over the same pins,
+// as a restarted l4lbd with a changed configuration does; svcs are the
+// services programmed. The old one is closed.
+func (e *env) reload(t testing.TB, o envOptions, svcs ...lb.Service) {
+	t.Helper()
+	old := e.lb
+	in := make([]lb.Service, len(svcs))
+	for i, s := range svcs {
+		in[i] = withDefaults(s)
+	}
+	e.load(t, o, in)
+	old.Close()
 }
 
 // result is what one run of the XDP program returned.

@@ -231,8 +231,14 @@ func (d *LB) SetBackend(id reconciler.BackendID, b reconciler.Backend) error {
 	if b.Addr.Addr().Is4() {
 		v.Family = 4
 	}
-	if b.State == lb.Draining {
+	switch b.State {
+	case lb.Draining:
 		v.Flags |= bpf.LbL4lbBackendFlagsL4LB_BACKEND_DRAINING
+	case lb.Disabled:
+		// In use (flags not 0), but without ACTIVE no connection-table
+		// hit is honoured, so its flows move; DRAINING keeps session
+		// affinity away from it; no Maglev table names it.
+		v.Flags = bpf.LbL4lbBackendFlagsL4LB_BACKEND_DRAINING
 	}
 	// Its route before the entry that makes it reachable.
 	d.nh.add(uint32(id), b.Addr.Addr())

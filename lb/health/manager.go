@@ -364,6 +364,7 @@ func (p *prober) status(now time.Time) Status {
 		LastError:   t.lastErr,
 		Successes:   t.succ,
 		Failures:    t.fail,
+		Passed:      t.passed,
 		Transitions: t.transitions(now),
 		HeldUntil:   t.heldUntil,
 	}

@@ -80,6 +80,11 @@ type Status struct {
 	// the last probe; one of them is zero.
 	Successes int
 	Failures  int
+	// Passed is true once a probe of the backend succeeded since its
+	// prober started (a prober restarted for a changed check keeps it).
+	// An Up backend that has not passed yet is Up only by Options.Initial:
+	// the announcers wait for the evidence.
+	Passed bool
 	// Transitions counts the state changes within the damping window.
 	Transitions int
 	// HeldUntil, when not zero, is when a hold-down for flapping ends; until

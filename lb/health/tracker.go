@@ -64,6 +64,9 @@ type tracker struct {
 	lastChange time.Time
 	lastCheck  time.Time
 	lastErr    string
+	// passed is true once a probe succeeded: the state rests on evidence,
+	// not only on the initial state.
+	passed bool
 	// changes are the times of the state changes within the damping window,
 	// oldest first.
 	changes   []time.Time
@@ -92,6 +95,7 @@ func (t *tracker) observe(now time.Time, err error) (outcome, string) {
 	t.succ++
 	t.fail = 0
 	t.lastErr = ""
+	t.passed = true
 	if t.state == Up || t.succ < t.rise || now.Before(t.heldUntil) {
 		return steady, ""
 	}
@@ -136,6 +140,7 @@ func (t *tracker) carry(old *tracker) {
 	t.lastChange = old.lastChange
 	t.changes = append([]time.Time(nil), old.changes...)
 	t.heldUntil = old.heldUntil
+	t.passed = old.passed
 }
 
 // transitions counts the state changes within the window ending at now.

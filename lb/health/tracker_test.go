@@ -180,6 +180,33 @@ func TestTrackerReasonsAndStatus(t *testing.T) {
 	}
 }
 
+// TestTrackerPassed: Up by the initial state alone is not evidence; the
+// first successful probe is, and a restarted prober keeps it.
+func TestTrackerPassed(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	tr := newTracker(2, 3, Damping{}, Up, t0)
+	if tr.passed {
+		t.Fatal("a new tracker has passed")
+	}
+	tr.observe(t0.Add(time.Second), errors.New("refused"))
+	if tr.passed || tr.state != Up {
+		t.Fatalf("after a failure: passed %v, state %s; want not passed, still up", tr.passed, tr.state)
+	}
+	tr.observe(t0.Add(2*time.Second), nil)
+	if !tr.passed {
+		t.Fatal("a success did not count as passed")
+	}
+	tr.observe(t0.Add(3*time.Second), errors.New("refused"))
+	if !tr.passed {
+		t.Fatal("a later failure took passed back")
+	}
+	next := newTracker(2, 3, Damping{}, Up, t0.Add(4*time.Second))
+	next.carry(tr)
+	if !next.passed {
+		t.Error("a restarted prober lost passed")
+	}
+}
+
 func TestJitter(t *testing.T) {
 	const d = time.Second
 	lo, hi := 900*time.Millisecond, 1100*time.Millisecond

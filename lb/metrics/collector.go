@@ -23,9 +23,13 @@ const (
 	labelMode     = "mode"
 	labelDispatch = "dispatch"
 	labelResult   = "result"
+	labelSetting  = "setting"
 	// labelFingerprint lets an alert compare boxes: the same service with
 	// two fingerprints means two boxes send one flow to different backends.
 	labelFingerprint = "fingerprint"
+	labelPeer        = "peer"
+	labelInterface   = "interface"
+	labelKind        = "kind"
 )
 
 var (
@@ -92,8 +96,39 @@ var (
 		"Service definitions left out because another source claimed the same frontend or name first (reason: frontend, name).",
 		[]string{labelService, labelSource, labelReason}, nil)
 	descRefused = prometheus.NewDesc("l4lb_services_refused",
-		"Services the datapath does not serve (reason: unsupported, map_full).",
+		"Services the datapath does not serve (reason: unsupported, map_full, local_vip).",
 		[]string{labelService, labelSource, labelReason}, nil)
+
+	descPendingRestart = prometheus.NewDesc("l4lb_config_pending_restart",
+		"1 per setting of the configuration file in force that differs from the running value and applies only when l4lbd restarts.",
+		[]string{labelSetting}, nil)
+	descSeedInfo = prometheus.NewDesc("l4lb_maglev_seed_info",
+		"Always 1; the fingerprint label identifies the Maglev hash seed without revealing it. Boxes of one fleet must show the same.",
+		[]string{labelFingerprint}, nil)
+
+	descBGPAnnounced = prometheus.NewDesc("l4lb_bgp_announced_prefixes",
+		"VIPs (as /32 or /128) in the BGP speaker's table, announced to every peer of their family.", nil, nil)
+	descBGPPeerUp = prometheus.NewDesc("l4lb_bgp_peer_up",
+		"1 while the BGP session with the peer is established, 0 otherwise.", []string{labelPeer}, nil)
+	descBGPPeerAdvertised = prometheus.NewDesc("l4lb_bgp_peer_advertised_prefixes",
+		"Prefixes advertised to the peer on the current session.", []string{labelPeer}, nil)
+	descBGPUpdatesSent = prometheus.NewDesc("l4lb_bgp_updates_sent_total",
+		"BGP UPDATE messages sent to the peer (announcements and withdrawals) since its session came up.", []string{labelPeer}, nil)
+	descBGPUpdatesReceived = prometheus.NewDesc("l4lb_bgp_updates_received_total",
+		"BGP UPDATE messages received from the peer since its session came up.", []string{labelPeer}, nil)
+
+	descL2Announced = prometheus.NewDesc("l4lb_l2_announced_vips",
+		"VIPs whose ARP requests and neighbour solicitations this box answers.", nil, nil)
+	descL2Replies = prometheus.NewDesc("l4lb_l2_replies_sent_total",
+		"ARP replies (kind=arp) and neighbour advertisements (kind=nd) sent for VIPs.", []string{labelInterface, labelKind}, nil)
+	descL2Gratuitous = prometheus.NewDesc("l4lb_l2_gratuitous_sent_total",
+		"Gratuitous ARPs and unsolicited neighbour advertisements sent for VIPs that appeared.", []string{labelInterface}, nil)
+
+	descFleetBoxes = prometheus.NewDesc("l4lb_fleet_boxes",
+		"LB boxes whose fleet records this box sees in Consul, itself included.", nil, nil)
+	descFleetMismatch = prometheus.NewDesc("l4lb_fleet_mismatch",
+		"1 when another LB box has a different fingerprint (seed, table size, eligible backends) for the service's frontend: the boxes send one flow to different backends.",
+		svcLabels, nil)
 
 	descScrapeError = prometheus.NewDesc("l4lb_snapshot_error",
 		"Never exposed: carries errors met while reading the live state.", nil, nil)
@@ -107,6 +142,8 @@ var allDescs = []*prometheus.Desc{
 	descConntrackEntries, descConntrackCapacity, descSNATEntries, descSNATCapacity,
 	descMapEntries, descMapCapacity,
 	descDiscoverySync, descDiscoveryServices, descConflicting, descRefused,
+	descPendingRestart, descSeedInfo, descBGPAnnounced, descBGPPeerUp, descBGPPeerAdvertised, descBGPUpdatesSent, descBGPUpdatesReceived,
+	descL2Announced, descL2Replies, descL2Gratuitous, descFleetBoxes, descFleetMismatch,
 	descScrapeError,
 }
 
@@ -220,6 +257,11 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		e.gauge(descRefused, float64(n), k[0], k[1], k[2])
 	}
 
+	for _, name := range s.PendingRestart {
+		e.gauge(descPendingRestart, 1, name)
+	}
+	e.announce(s)
+
 	for _, err := range s.Errors {
 		if err != nil {
 			ch <- prometheus.NewInvalidMetric(descScrapeError, err)
@@ -285,4 +327,44 @@ func boolValue(b bool) float64 {
 		return 1
 	}
 	return 0
+}
+
+// announce emits the seed, announcer and fleet series.
+func (e emitter) announce(s Snapshot) {
+	if s.SeedFingerprint != "" {
+		e.gauge(descSeedInfo, 1, s.SeedFingerprint)
+	}
+	if b := s.BGP; b != nil {
+		e.gauge(descBGPAnnounced, float64(b.Announced))
+		seen := map[string]bool{}
+		for _, p := range b.Peers {
+			if seen[p.Address] {
+				continue
+			}
+			seen[p.Address] = true
+			e.gauge(descBGPPeerUp, boolValue(p.Up), p.Address)
+			e.gauge(descBGPPeerAdvertised, float64(p.Advertised), p.Address)
+			e.counter(descBGPUpdatesSent, p.UpdatesSent, p.Address)
+			e.counter(descBGPUpdatesReceived, p.UpdatesReceived, p.Address)
+		}
+	}
+	if l := s.L2; l != nil {
+		e.gauge(descL2Announced, float64(l.Announced))
+		seen := map[string]bool{}
+		for _, i := range l.Interfaces {
+			if seen[i.Name] {
+				continue
+			}
+			seen[i.Name] = true
+			e.counter(descL2Replies, i.ARPReplies, i.Name, "arp")
+			e.counter(descL2Replies, i.NDReplies, i.Name, "nd")
+			e.counter(descL2Gratuitous, i.Gratuitous, i.Name)
+		}
+	}
+	if f := s.Fleet; f != nil {
+		e.gauge(descFleetBoxes, float64(f.Boxes))
+		for svc, m := range f.Mismatch {
+			e.gauge(descFleetMismatch, boolValue(m), svc)
+		}
+	}
 }

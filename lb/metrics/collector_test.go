@@ -74,8 +74,9 @@ func smallSnapshot() Snapshot {
 			{Name: "file:/etc/l4lb/l4lb.toml", LastSync: syncTime, Services: 1},
 			{Name: "consul", Services: 2},
 		},
-		Conflicts: []Conflict{{Service: "web", Source: "consul", Reason: "frontend"}},
-		Refused:   []Refusal{{Service: "geneve-svc", Source: "consul", Reason: RefusedUnsupported}},
+		Conflicts:      []Conflict{{Service: "web", Source: "consul", Reason: "frontend"}},
+		Refused:        []Refusal{{Service: "geneve-svc", Source: "consul", Reason: RefusedUnsupported}},
+		PendingRestart: []string{"datapath.conntrack_max", "maglev.hash_seed"},
 	}
 }
 
@@ -127,6 +128,10 @@ l4lb_backend_packets_total{backend="10.1.0.12:30080",service="web"} 40
 l4lb_backend_weight{backend="10.1.0.11:30080",service="web"} 1
 l4lb_backend_weight{backend="10.1.0.12:30080",service="web"} 2
 l4lb_backend_weight{backend="[2001:db8::1]:53",service="dns"} 1
+# HELP l4lb_config_pending_restart 1 per setting of the configuration file in force that differs from the running value and applies only when l4lbd restarts.
+# TYPE l4lb_config_pending_restart gauge
+l4lb_config_pending_restart{setting="datapath.conntrack_max"} 1
+l4lb_config_pending_restart{setting="maglev.hash_seed"} 1
 # HELP l4lb_conntrack_capacity Size of the connection table (datapath.conntrack_max); when full, the least recently used flows are evicted.
 # TYPE l4lb_conntrack_capacity gauge
 l4lb_conntrack_capacity 1.048576e+06
@@ -173,7 +178,7 @@ l4lb_service_packets_total{service="web"} 100
 # HELP l4lb_services_conflicting Service definitions left out because another source claimed the same frontend or name first (reason: frontend, name).
 # TYPE l4lb_services_conflicting gauge
 l4lb_services_conflicting{reason="frontend",service="web",source="consul"} 1
-# HELP l4lb_services_refused Services the datapath does not serve (reason: unsupported, map_full).
+# HELP l4lb_services_refused Services the datapath does not serve (reason: unsupported, map_full, local_vip).
 # TYPE l4lb_services_refused gauge
 l4lb_services_refused{reason="unsupported",service="geneve-svc",source="consul"} 1
 # HELP l4lb_snat_capacity Source-NAT bindings available (addresses times ports).
@@ -333,5 +338,80 @@ func TestHealthString(t *testing.T) {
 		if got := h.String(); got != want {
 			t.Errorf("Health(%d).String() = %q, want %q", h, got, want)
 		}
+	}
+}
+
+func announceSnapshot() Snapshot {
+	return Snapshot{
+		SeedFingerprint: "a1b2c3d4e5f6",
+		BGP: &BGP{Announced: 2, Peers: []BGPPeer{
+			{Address: "10.0.0.1", Up: true, Advertised: 2, UpdatesSent: 5, UpdatesReceived: 1},
+			{Address: "2001:db8::1", Up: false},
+		}},
+		L2:    &L2{Announced: 1, Interfaces: []L2Interface{{Name: "eth0", ARPReplies: 7, NDReplies: 3, Gratuitous: 4}}},
+		Fleet: &Fleet{Boxes: 2, Mismatch: map[string]bool{"web": true, "dns": false}},
+	}
+}
+
+const announceExposition = `
+# HELP l4lb_bgp_announced_prefixes VIPs (as /32 or /128) in the BGP speaker's table, announced to every peer of their family.
+# TYPE l4lb_bgp_announced_prefixes gauge
+l4lb_bgp_announced_prefixes 2
+# HELP l4lb_bgp_peer_advertised_prefixes Prefixes advertised to the peer on the current session.
+# TYPE l4lb_bgp_peer_advertised_prefixes gauge
+l4lb_bgp_peer_advertised_prefixes{peer="10.0.0.1"} 2
+l4lb_bgp_peer_advertised_prefixes{peer="2001:db8::1"} 0
+# HELP l4lb_bgp_peer_up 1 while the BGP session with the peer is established, 0 otherwise.
+# TYPE l4lb_bgp_peer_up gauge
+l4lb_bgp_peer_up{peer="10.0.0.1"} 1
+l4lb_bgp_peer_up{peer="2001:db8::1"} 0
+# HELP l4lb_bgp_updates_received_total BGP UPDATE messages received from the peer since its session came up.
+# TYPE l4lb_bgp_updates_received_total counter
+l4lb_bgp_updates_received_total{peer="10.0.0.1"} 1
+l4lb_bgp_updates_received_total{peer="2001:db8::1"} 0
+# HELP l4lb_bgp_updates_sent_total BGP UPDATE messages sent to the peer (announcements and withdrawals) since its session came up.
+# TYPE l4lb_bgp_updates_sent_total counter
+l4lb_bgp_updates_sent_total{peer="10.0.0.1"} 5
+l4lb_bgp_updates_sent_total{peer="2001:db8::1"} 0
+# HELP l4lb_fleet_boxes LB boxes whose fleet records this box sees in Consul, itself included.
+# TYPE l4lb_fleet_boxes gauge
+l4lb_fleet_boxes 2
+# HELP l4lb_fleet_mismatch 1 when another LB box has a different fingerprint (seed, table size, eligible backends) for the service's frontend: the boxes send one flow to different backends.
+# TYPE l4lb_fleet_mismatch gauge
+l4lb_fleet_mismatch{service="dns"} 0
+l4lb_fleet_mismatch{service="web"} 1
+# HELP l4lb_l2_announced_vips VIPs whose ARP requests and neighbour solicitations this box answers.
+# TYPE l4lb_l2_announced_vips gauge
+l4lb_l2_announced_vips 1
+# HELP l4lb_l2_gratuitous_sent_total Gratuitous ARPs and unsolicited neighbour advertisements sent for VIPs that appeared.
+# TYPE l4lb_l2_gratuitous_sent_total counter
+l4lb_l2_gratuitous_sent_total{interface="eth0"} 4
+# HELP l4lb_l2_replies_sent_total ARP replies (kind=arp) and neighbour advertisements (kind=nd) sent for VIPs.
+# TYPE l4lb_l2_replies_sent_total counter
+l4lb_l2_replies_sent_total{interface="eth0",kind="arp"} 7
+l4lb_l2_replies_sent_total{interface="eth0",kind="nd"} 3
+# HELP l4lb_maglev_seed_info Always 1; the fingerprint label identifies the Maglev hash seed without revealing it. Boxes of one fleet must show the same.
+# TYPE l4lb_maglev_seed_info gauge
+l4lb_maglev_seed_info{fingerprint="a1b2c3d4e5f6"} 1
+`
+
+// TestAnnounceSeries checks the announcer, seed and fleet series, and
+// that they pass the linter.
+func TestAnnounceSeries(t *testing.T) {
+	c := NewCollector(&fakeSource{snap: announceSnapshot()})
+	if err := testutil.CollectAndCompare(c, strings.NewReader(announceExposition)); err != nil {
+		t.Fatal(err)
+	}
+	problems, err := testutil.CollectAndLint(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range problems {
+		t.Errorf("%s: %s", p.Metric, p.Text)
+	}
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(c)
+	if _, err := reg.Gather(); err != nil {
+		t.Fatalf("pedantic gather: %v", err)
 	}
 }

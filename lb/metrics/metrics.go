@@ -70,6 +70,18 @@ type Snapshot struct {
 	// Refused are services the datapath does not serve (unsupported
 	// settings, a full map).
 	Refused []Refusal
+	// PendingRestart names the settings (e.g. "maglev.hash_seed") whose new
+	// value waits for a restart of l4lbd; each name once.
+	PendingRestart []string
+	// SeedFingerprint identifies the hash seed (as `l4lbctl status` shows
+	// it); empty when unknown.
+	SeedFingerprint string
+	// BGP is the BGP speaker; nil when [bgp] is off.
+	BGP *BGP
+	// L2 is the ARP/NDP responder; nil when [l2] is off.
+	L2 *L2
+	// Fleet is the fleet check's verdict; nil when it does not run.
+	Fleet *Fleet
 	// Errors are failures met while taking the snapshot (a map that could
 	// not be read). Each fails its part of the scrape: the HTTP handler
 	// logs it and serves the rest.
@@ -80,6 +92,46 @@ type Snapshot struct {
 type Event struct {
 	Name  string
 	Count uint64
+}
+
+// BGP is the speaker's state.
+type BGP struct {
+	// Announced counts the VIPs in the speaker's routing table.
+	Announced int
+	Peers     []BGPPeer
+}
+
+// BGPPeer is one BGP session.
+type BGPPeer struct {
+	// Address names the peer in the peer label.
+	Address         string
+	Up              bool
+	Advertised      uint64
+	UpdatesSent     uint64
+	UpdatesReceived uint64
+}
+
+// L2 is the ARP/NDP responder's state.
+type L2 struct {
+	// Announced counts the VIPs answered for.
+	Announced  int
+	Interfaces []L2Interface
+}
+
+// L2Interface counts the responder's frames on one interface.
+type L2Interface struct {
+	Name                              string
+	ARPReplies, NDReplies, Gratuitous uint64
+}
+
+// Fleet is what the fleet check concluded.
+type Fleet struct {
+	// Boxes counts the LB boxes whose records are visible, this one
+	// included.
+	Boxes int
+	// Mismatch holds, for every service this box serves, whether another
+	// box has a different fingerprint for its frontend.
+	Mismatch map[string]bool
 }
 
 // Service is one served service.
@@ -207,11 +259,14 @@ const (
 	// RefusedMapFull: a datapath map has no room for the service or its
 	// backends.
 	RefusedMapFull RefusalReason = "map_full"
+	// RefusedLocalVIP: the VIP is one of the box's own addresses (a
+	// service from a discovery source; the file refuses it outright).
+	RefusedLocalVIP RefusalReason = "local_vip"
 )
 
 // refusalReasons are pre-set to zero so that rate() works from the first
 // refusal on.
-var refusalReasons = []RefusalReason{RefusedUnsupported, RefusedMapFull}
+var refusalReasons = []RefusalReason{RefusedUnsupported, RefusedMapFull, RefusedLocalVIP}
 
 // Refusal is a service the datapath does not serve.
 type Refusal struct {

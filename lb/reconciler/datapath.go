@@ -34,7 +34,9 @@ type Backend struct {
 	// packet matched, so a connection-tracking entry left over from an old
 	// service can never reach a backend that now belongs to another one.
 	Service ServiceID
-	// State is Active or Draining; disabled backends are not programmed.
+	// State is Active, Draining or Disabled. A disabled backend keeps its
+	// entry, so its id and counters, but the datapath sends it nothing:
+	// neither new flows (it is in no table) nor established ones.
 	State lb.BackendState
 }
 

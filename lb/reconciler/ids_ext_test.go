@@ -201,9 +201,7 @@ func checkHolds(t *testing.T, desired []lb.Service, r *reconciler.Reconciler, f 
 		bs := slices.Clone(d.Backends)
 		slices.SortFunc(bs, func(a, b lb.Backend) int { return a.Addr.Compare(b.Addr) })
 		for _, b := range bs {
-			if b.State != lb.Disabled {
-				v += fmt.Sprintf(" %s:%s", b.Addr, b.State)
-			}
+			v += fmt.Sprintf(" %s:%s", b.Addr, b.State)
 		}
 		want[d.Frontend.String()] = v
 	}

@@ -337,6 +337,20 @@ func (r *Reconciler) Reconcile(desired []lb.Service) error {
 	return err
 }
 
+// MapFullError is a service refused because the service or backend map has
+// no room left for it; every other service keeps working.
+type MapFullError struct {
+	Service string
+	// Map is "service" or "backend".
+	Map string
+	// Max is the map's capacity (datapath.max_services / max_backends).
+	Max uint32
+}
+
+func (e *MapFullError) Error() string {
+	return fmt.Sprintf("service %q: %s map full (max_%ss = %d); raise datapath.max_%ss", e.Service, e.Map, e.Map, e.Max, e.Map)
+}
+
 // sameService reports whether a and b are identical in every field, so that
 // a desired service equal to the last one programmed costs one comparison.
 func sameService(a, b *lb.Service) bool {
@@ -374,7 +388,7 @@ func (r *Reconciler) prepare(p *pending) error {
 		return err
 	}
 
-	// The backends that get an entry (active and draining), by address.
+	// The backends that get an entry (every state), by address.
 	want := append(r.want[:0], d.Backends...)
 	slices.SortFunc(want, func(a, b lb.Backend) int { return a.Addr.Compare(b.Addr) })
 	r.want = want
@@ -383,7 +397,9 @@ func (r *Reconciler) prepare(p *pending) error {
 			return fmt.Errorf("service %q (%s): backend %s is listed twice; list each backend once", d.Name, d.Frontend, want[k].Addr)
 		}
 	}
-	want = slices.DeleteFunc(want, func(b lb.Backend) bool { return b.State == lb.Disabled })
+	// Disabled backends keep their entry (marked so the datapath follows
+	// no connection to them) and so their id: their counters survive
+	// while they are in the service.
 
 	v := r.services[d.Frontend]
 	var cur []backend
@@ -423,7 +439,7 @@ func (r *Reconciler) prepare(p *pending) error {
 	}
 
 	if v == nil && r.svcIDs.len() == 0 {
-		return fmt.Errorf("service %q: service map full (max_services = %d); raise datapath.max_services", d.Name, r.cfg.MaxServices)
+		return &MapFullError{Service: d.Name, Map: "service", Max: r.cfg.MaxServices}
 	}
 	if newIDs > r.beIDs.len() && r.releases > 0 {
 		// Services earlier in the chunk will release backend ids in
@@ -432,7 +448,7 @@ func (r *Reconciler) prepare(p *pending) error {
 		r.flush()
 	}
 	if newIDs > r.beIDs.len() {
-		return fmt.Errorf("service %q: backend map full (max_backends = %d); raise datapath.max_backends", d.Name, r.cfg.MaxBackends)
+		return &MapFullError{Service: d.Name, Map: "backend", Max: r.cfg.MaxBackends}
 	}
 
 	// The table holds the active backends with a weight; reuse the

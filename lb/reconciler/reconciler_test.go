@@ -118,20 +118,20 @@ func TestReconcileSequences(t *testing.T) {
 			},
 		},
 		{
-			name:   "disable deletes the entry after the table",
+			name:   "disable keeps the entry marked disabled and its id",
 			before: []lb.Service{web, api},
 			after:  withWeb(func(s *lb.Service) { s.Backends[1].State = lb.Disabled }),
 			want: []string{
+				"SetBackend(2, 10.1.0.2:80 service=1 disabled)",
 				"SetTable(1, 7 slots)",
-				"DeleteBackend(2)",
 			},
 		},
 		{
-			name:   "re-enabled backend gets a fresh id",
+			name:   "re-enabled backend keeps its id and counters",
 			before: withWeb(func(s *lb.Service) { s.Backends[1].State = lb.Disabled }),
 			after:  []lb.Service{web, api},
 			want: []string{
-				"SetBackend(3, 10.1.0.2:80 service=1 active)",
+				"SetBackend(2, 10.1.0.2:80 service=1 active)",
 				"SetTable(1, 7 slots)",
 			},
 		},
@@ -146,9 +146,9 @@ func TestReconcileSequences(t *testing.T) {
 			before: []lb.Service{web, api},
 			after:  withWeb(func(s *lb.Service) { s.Backends[0].State = lb.Disabled; s.Backends[1].State = lb.Disabled }),
 			want: []string{
+				"SetBackend(1, 10.1.0.1:80 service=1 disabled)",
+				"SetBackend(2, 10.1.0.2:80 service=1 disabled)",
 				"SetTable(1, empty)",
-				"DeleteBackend(1)",
-				"DeleteBackend(2)",
 			},
 		},
 		{
@@ -305,20 +305,21 @@ func TestDrainDisableWeightSemantics(t *testing.T) {
 	want := map[reconciler.BackendID]string{
 		1: "10.1.0.1:80 active",
 		2: "10.1.0.2:80 draining",
-		3: "10.1.0.4:80 active",
-		4: "10.1.0.5:80 active",
+		3: "10.1.0.3:80 disabled",
+		4: "10.1.0.4:80 active",
+		5: "10.1.0.5:80 active",
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
-		t.Errorf("programmed backends (-want +got); disabled must be absent, draining and weight 0 present:\n%s", diff)
+		t.Errorf("programmed backends (-want +got); disabled, draining and weight 0 keep an entry (and their counters):\n%s", diff)
 	}
 	counts := make(map[reconciler.BackendID]int)
 	for _, id := range st.Services[0].Table {
 		counts[id]++
 	}
-	if counts[2] != 0 || counts[3] != 0 {
-		t.Errorf("draining or weight-0 backends hold slots: %v", counts)
+	if counts[2] != 0 || counts[3] != 0 || counts[4] != 0 {
+		t.Errorf("draining, disabled or weight-0 backends hold slots: %v", counts)
 	}
-	if counts[1] == 0 || counts[4] <= counts[1] {
+	if counts[1] == 0 || counts[5] <= counts[1] {
 		t.Errorf("slot counts %v: want both eligible backends, the weight-2 one with more slots", counts)
 	}
 	checkTables(t, []lb.Service{s}, r, f)
@@ -487,11 +488,11 @@ func testFaultInjection(t *testing.T, m mode, before, after []lb.Service) string
 	wantShape := map[mode][]string{
 		batched: {
 			"DeleteService*2", "DeleteTables(2 entries)", "DeleteBackend*3",
-			"SetBackend*8", "SetTables(5 entries)", "SetService", "DeleteBackend", "SetService*3",
+			"SetBackend*9", "SetTables(5 entries)", "SetService", "DeleteBackend", "SetService*3",
 		},
 		unbatched: {
 			"DeleteService*2", "DeleteTable*2", "DeleteBackend*3",
-			"SetBackend*8", "SetTable*5", "SetService", "DeleteBackend", "SetService*3",
+			"SetBackend*9", "SetTable*5", "SetService", "DeleteBackend", "SetService*3",
 		},
 	}[m]
 	if diff := cmp.Diff(wantShape, shape(ops)); diff != "" {

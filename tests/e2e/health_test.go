@@ -3,12 +3,8 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
 	"fmt"
-	"io"
-	"net"
-	"net/http"
 	"net/netip"
 	"strings"
 	"testing"
@@ -173,31 +169,7 @@ func TestHealthChecks(t *testing.T) {
 	// The metrics follow, and pass Prometheus' lint. (Stopping be2's
 	// server for api also took web's listener down: wait for web's check.)
 	waitHealth(t, d, "web", topo.Prefix4+"22:80", "healthy", 5*time.Second)
-	var body string
-	err := tp.LBs[0].NS.Do(func() error {
-		// Dial here, on the thread that is in the LB's namespace; the
-		// HTTP transport would dial from another one.
-		c, err := net.DialTimeout("tcp", "127.0.0.1:9842", 5*time.Second)
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-		if _, err := io.WriteString(c, "GET /metrics HTTP/1.0\r\nHost: l4lbd\r\n\r\n"); err != nil {
-			return err
-		}
-		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-		if err != nil {
-			return err
-		}
-		defer resp.Body.Close()
-		b, err := io.ReadAll(resp.Body)
-		body = string(b)
-		return err
-	})
-	if err != nil {
-		t.Fatalf("scrape: %v", err)
-	}
+	body := scrape(t, tp.LBs[0], "127.0.0.1:9842")
 	problems, err := promlint.New(strings.NewReader(body)).Lint()
 	if err != nil || len(problems) > 0 {
 		t.Errorf("metrics lint: %v %v", err, problems)

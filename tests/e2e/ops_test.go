@@ -177,7 +177,7 @@ func TestMinimalCapabilities(t *testing.T) {
 			be.StartCompanion(l4lbd(), vip4.String())
 			be.Serve(netip.AddrPortFrom(vip4, 80))
 			tp.RouteVIPs(tp.LBs[0], vip4)
-			cfg := strings.ReplaceAll(dsrConfig(21), `"10.100.0.22"`, `"10.100.0.21"`)
+			cfg := oneBackendConfig()
 			if drop == "" {
 				d := tp.LBs[0].StartL4LBDWrapped(capSet(caps...), l4lbd(), cfg)
 				for i := range 10 {
@@ -250,14 +250,7 @@ func lastLines(s string, n int) string {
 // an invalid file is rejected with its error in status while the previous
 // configuration keeps serving.
 func TestReloadOnFileChange(t *testing.T) {
-	tp := topo.New(t, topo.Options{LBs: 1, Backends: 2})
-	for _, be := range tp.Backends {
-		be.HoldVIPs(vip4)
-		be.StartCompanion(l4lbd(), vip4.String())
-		be.Serve(netip.AddrPortFrom(vip4, 80))
-	}
-	tp.RouteVIPs(tp.LBs[0], vip4)
-	d := tp.LBs[0].StartL4LBD(l4lbd(), dsrConfig(21, 22))
+	tp, d := vip4Rig(t, 2, dsrConfig(21, 22))
 	ctx := t.Context()
 	waitReload := func(after uint64) (st uint64, ok bool, msg string) {
 		deadline := time.Now().Add(15 * time.Second)
@@ -301,15 +294,8 @@ func TestReloadOnFileChange(t *testing.T) {
 // TestDrainTimeout: a draining backend keeps its established flows until
 // the drain timeout, then they move; flows on other backends are untouched.
 func TestDrainTimeout(t *testing.T) {
-	tp := topo.New(t, topo.Options{LBs: 1, Backends: 2})
-	for _, be := range tp.Backends {
-		be.HoldVIPs(vip4)
-		be.StartCompanion(l4lbd(), vip4.String())
-		be.Serve(netip.AddrPortFrom(vip4, 80))
-	}
-	tp.RouteVIPs(tp.LBs[0], vip4)
 	cfg := strings.Replace(dsrConfig(21, 22), "max_backends  = 256", "max_backends  = 256\ndrain_timeout = \"1500ms\"", 1)
-	d := tp.LBs[0].StartL4LBD(l4lbd(), cfg)
+	tp, d := vip4Rig(t, 2, cfg)
 	web := netip.AddrPortFrom(vip4, 80)
 	var on1, on2 []*topo.Conn
 	for len(on1) < 3 || len(on2) < 3 {
@@ -381,10 +367,17 @@ func TestInvalidConfigsChangeNothing(t *testing.T) {
 		return b.String()
 	}
 	want := snapshot(before)
+	skipped := 0
 	for _, path := range corpus {
 		data, err := os.ReadFile(path)
 		if err != nil {
 			t.Fatal(err)
+		}
+		if strings.Contains(string(data), "\n# host-file: ") {
+			// Facts of a file system this box does not have; the
+			// real case is TestAdminSocketNotASocket.
+			skipped++
+			continue
 		}
 		// Keep the daemon's own paths so the file is only wrong where
 		// the corpus means it to be.
@@ -405,20 +398,14 @@ func TestInvalidConfigsChangeNothing(t *testing.T) {
 			t.Fatalf("%s: a rejected config changed the services:\nbefore %s\nafter  %s", filepath.Base(path), want, got)
 		}
 	}
-	t.Logf("%d invalid configs rejected with file:line; the programmed state never changed", len(corpus))
+	t.Logf("%d invalid configs rejected with file:line (%d left to their own e2e test); the programmed state never changed", len(corpus)-skipped, skipped)
 }
 
 // TestCleanup: stopping l4lbd leaves the datapath attached and pinned
 // (traffic keeps flowing); `l4lbd --cleanup` then detaches every program
 // and removes every pin.
 func TestCleanup(t *testing.T) {
-	tp := topo.New(t, topo.Options{LBs: 1, Backends: 1})
-	be := tp.Backends[0]
-	be.HoldVIPs(vip4)
-	be.StartCompanion(l4lbd(), vip4.String())
-	be.Serve(netip.AddrPortFrom(vip4, 80))
-	tp.RouteVIPs(tp.LBs[0], vip4)
-	d := tp.LBs[0].StartL4LBD(l4lbd(), strings.ReplaceAll(dsrConfig(21), `"10.100.0.22"`, `"10.100.0.21"`))
+	tp, d := lifecycleRig(t)
 	if err := d.Stop(); err != nil {
 		t.Fatalf("stop: %v\n%s", err, d.Log())
 	}

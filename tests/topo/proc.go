@@ -141,6 +141,18 @@ func (d *L4LBD) Restart() {
 	d.WaitReady()
 }
 
+// KillAndStart kills l4lbd with SIGKILL, as a crash would, and starts it
+// again with the same command line, then waits until it answers. The
+// pinned datapath forwards meanwhile.
+func (d *L4LBD) KillAndStart() {
+	t := d.Host.top.T
+	t.Helper()
+	_ = d.Signal(syscall.SIGKILL)
+	<-d.done
+	d.start()
+	d.WaitReady()
+}
+
 // StartL4LBD writes config to the topology's directory and starts l4lbd
 // with it in h's namespace, then waits until its admin API answers.
 // config may use {{socket}} and {{bpffs}}, replaced by per-host paths.
@@ -171,7 +183,11 @@ func (h *Host) StartL4LBDWrapped(wrapper []string, bin, config string, extraArgs
 	d.start()
 	t.Cleanup(func() {
 		// Pins outlive the process on purpose (hitless restart): the
-		// test removes them.
+		// test removes them, once l4lbd is gone (--cleanup refuses
+		// while it holds its lock).
+		if !d.Exited() {
+			_ = d.Stop()
+		}
 		_ = exec.Command(bin, "--config", d.Config, "--cleanup").Run()
 	})
 	d.WaitReady()

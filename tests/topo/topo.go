@@ -5,8 +5,12 @@
 // namespace) joining a client, LB boxes and backends, each host in its own
 // namespace with eth0 on 10.100.0.0/24 and fd10::/64. VIPs are routed from
 // the client to an LB box; backends hold the VIPs on lo and accept DSR
-// traffic through l4lb's backend companion. Everything is removed when the
-// test (or the demo) ends.
+// traffic through l4lb's backend companion. With Options.Router the client
+// sits behind a router instead (its own link, 10.100.1.0/24 and fd10:1::/64),
+// which is .1 on the segment and the backends' default gateway, hashes
+// flows over equal-cost routes by their 5-tuple, and learns the VIPs from
+// the LB boxes (over BGP, in the tests that run one). Everything is removed
+// when the test (or the demo) ends.
 package topo
 
 import (
@@ -37,9 +41,12 @@ type Host struct {
 
 // Topology is a client, LB boxes and backends on one segment.
 type Topology struct {
-	T        testnet.TB
-	Switch   *testnet.NS
-	Client   *Host
+	T      testnet.TB
+	Switch *testnet.NS
+	Client *Host
+	// Router is nil unless Options.Router; its Iface is on the segment,
+	// ClientIface on the client's link.
+	Router   *Host
 	LBs      []*Host
 	Backends []*Host
 	// Dir holds configs, sockets and logs of this topology.
@@ -54,13 +61,20 @@ type Options struct {
 	Backends int
 	// Dir for configs and sockets; a temporary directory when empty.
 	Dir string
+	// Router puts the client behind a router (see the package doc).
+	Router bool
 }
 
-// Addressing of the segment.
+// Addressing of the segment, and of the client's link behind the router.
 const (
-	Prefix4 = "10.100.0."
-	Prefix6 = "fd10::"
+	Prefix4       = "10.100.0."
+	Prefix6       = "fd10::"
+	ClientPrefix4 = "10.100.1."
+	ClientPrefix6 = "fd10:1::"
 )
+
+// ClientIface is the router's interface toward the client.
+const ClientIface = "eth1"
 
 // New builds the topology.
 func New(t testnet.TB, o Options) *Topology {
@@ -85,7 +99,12 @@ func New(t testnet.TB, o Options) *Topology {
 	tp.Switch.Run(t, "ip", "link", "add", "br0", "type", "bridge")
 	tp.Switch.Up(t, "br0")
 
-	tp.Client = tp.addHost("client", 2)
+	if o.Router {
+		tp.Router = tp.addHost("router", 1)
+		tp.Client = tp.addClientBehindRouter()
+	} else {
+		tp.Client = tp.addHost("client", 2)
+	}
 	for i := range o.LBs {
 		tp.LBs = append(tp.LBs, tp.addHost(fmt.Sprintf("lb%d", i+1), 11+i))
 	}
@@ -98,7 +117,69 @@ func New(t testnet.TB, o Options) *Topology {
 		// program enables.
 		tp.attachPass(tp.Switch, "p-"+lb.Name)
 	}
+	if o.Router {
+		for _, h := range append(append([]*Host{}, tp.LBs...), tp.Backends...) {
+			h.NS.Run(t, "ip", "route", "add", "default", "via", tp.Router.Addr4.String(), "dev", "eth0")
+			h.NS.Run(t, "ip", "-6", "route", "add", "default", "via", tp.Router.Addr6.String(), "dev", "eth0")
+		}
+		for _, lb := range tp.LBs {
+			// A dead LB box's MAC ages out of the bridge; frames the
+			// router still sends there would then flood to the other
+			// box, whose XDP forwards them and hides that the box is
+			// gone. A real switch fabric does not flood to a routed
+			// LB port either.
+			tp.Switch.Run(t, "bridge", "link", "set", "dev", "p-"+lb.Name, "flood", "off")
+		}
+	}
 	return tp
+}
+
+// addClientBehindRouter puts the client on a link of its own to the
+// router and makes the router route between it and the segment, hashing
+// flows over equal-cost next hops by their 5-tuple.
+func (tp *Topology) addClientBehindRouter() *Host {
+	t := tp.T
+	t.Helper()
+	r := tp.Router
+	ns := testnet.NewNS(t, "client")
+	ns.Sysctl(t, "net.ipv6.conf.default.router_solicitations", "0")
+	ns.Sysctl(t, "net.ipv6.conf.default.accept_dad", "0")
+	testnet.Veth(t, ns, "eth0", r.NS, ClientIface)
+	h := &Host{
+		Name:  "client",
+		NS:    ns,
+		Addr4: netip.MustParseAddr(ClientPrefix4 + "2"),
+		Addr6: netip.MustParseAddr(ClientPrefix6 + "2"),
+		Iface: "eth0",
+		top:   tp,
+	}
+	// Packets the router forwards to an LB box are forwarded raw by
+	// its XDP program: they must carry complete checksums (see addHost).
+	ns.Run(t, "ethtool", "-K", "eth0", "tx", "off")
+	r.NS.Run(t, "ethtool", "-K", ClientIface, "tx", "off")
+	ns.AddAddr(t, "eth0", h.Addr4.String()+"/24")
+	ns.AddAddr(t, "eth0", h.Addr6.String()+"/64")
+	r.NS.AddAddr(t, ClientIface, ClientPrefix4+"1/24")
+	r.NS.AddAddr(t, ClientIface, ClientPrefix6+"1/64")
+	h.MAC = ns.MAC(t, "eth0")
+	ns.Run(t, "ip", "route", "add", "default", "via", ClientPrefix4+"1", "dev", "eth0")
+	ns.Run(t, "ip", "-6", "route", "add", "default", "via", ClientPrefix6+"1", "dev", "eth0")
+	for _, kv := range [][2]string{
+		{"net.ipv4.ip_forward", "1"},
+		{"net.ipv6.conf.all.forwarding", "1"},
+		// Policy 1 on veth reuses the socket's skb hash, which TCP
+		// re-rolls on every retransmission timeout: flows would jump
+		// between LB boxes. Policy 3 hashes the fields below, taken from
+		// the headers as a real router does: source and destination
+		// address, protocol, source and destination port.
+		{"net.ipv4.fib_multipath_hash_policy", "3"},
+		{"net.ipv4.fib_multipath_hash_fields", "0x37"},
+		{"net.ipv6.fib_multipath_hash_policy", "3"},
+		{"net.ipv6.fib_multipath_hash_fields", "0x37"},
+	} {
+		r.NS.Sysctl(t, kv[0], kv[1])
+	}
+	return h
 }
 
 func (tp *Topology) addHost(name string, n int) *Host {

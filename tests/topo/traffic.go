@@ -129,9 +129,15 @@ type Conn struct {
 // DialTCP connects from h (optionally from a fixed local port; 0 = any) to
 // dst and reads the serving backend's name and the peer address it saw.
 func (h *Host) DialTCP(localPort uint16, dst netip.AddrPort) (*Conn, error) {
+	return h.DialTCPTimeout(localPort, dst, 3*time.Second)
+}
+
+// DialTCPTimeout is DialTCP with timeout for the connection and for the
+// greeting each.
+func (h *Host) DialTCPTimeout(localPort uint16, dst netip.AddrPort, timeout time.Duration) (*Conn, error) {
 	var c net.Conn
 	err := h.NS.Do(func() error {
-		d := net.Dialer{Timeout: 3 * time.Second}
+		d := net.Dialer{Timeout: timeout}
 		if localPort != 0 {
 			src := h.Addr4
 			if dst.Addr().Is6() {
@@ -154,7 +160,7 @@ func (h *Host) DialTCP(localPort uint16, dst netip.AddrPort) (*Conn, error) {
 		return nil, err
 	}
 	conn := &Conn{Conn: c, r: bufio.NewReader(c)}
-	_ = c.SetReadDeadline(time.Now().Add(3 * time.Second))
+	_ = c.SetReadDeadline(time.Now().Add(timeout))
 	line, err := conn.r.ReadString('\n')
 	_ = c.SetReadDeadline(time.Time{})
 	if err != nil {
@@ -187,6 +193,9 @@ func (c *Conn) Echo(msg string) error {
 	}
 	return nil
 }
+
+// ReadLine reads the next line the server sent, with its newline.
+func (c *Conn) ReadLine() (string, error) { return c.r.ReadString('\n') }
 
 // Abort closes the connection with a RST (SO_LINGER 0), leaving no
 // TIME_WAIT on the client, so the same 4-tuple can be used again at once.

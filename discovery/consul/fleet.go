@@ -1,0 +1,351 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package consul
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/consul/api"
+
+	"github.com/l4lb/l4lb/lb/config"
+	"github.com/l4lb/l4lb/lb/fleet"
+)
+
+// The fleet check's Consul side (docs/scale-out.md): each box writes its
+// fleet.Box as JSON to KVPrefix+name, held by a session of its own with
+// behaviour "delete", so that the record goes when the box does (its
+// session expires after the TTL, or its agent's node fails); and it watches
+// the whole prefix with a blocking query, so that another box's change is
+// seen as soon as Consul has it.
+
+// sessionPrefix names the sessions that hold fleet records: a box that
+// restarts after a crash recognises its previous session by it.
+const sessionPrefix = "l4lb-fleet "
+
+// FleetOptions tune a Fleet; zero fields take the source's defaults.
+type FleetOptions struct {
+	Log *slog.Logger
+	// Wait is the longest a blocking query waits (default DefaultWait).
+	Wait time.Duration
+	// RetryMin and RetryMax bound the back-off after a failed call.
+	RetryMin, RetryMax time.Duration
+}
+
+// goneFor is how long a box whose record went is remembered, for
+// operators asking where it went.
+const goneFor = time.Hour
+
+// FleetStatus says how current the fleet view is.
+type FleetStatus struct {
+	// LastSync is when Consul last answered the watch.
+	LastSync time.Time
+	// Error is the latest failure publishing or watching; empty when
+	// both work.
+	Error string
+	// Gone maps the boxes whose records went within goneFor to when they
+	// were last seen.
+	Gone map[string]time.Time
+}
+
+// Fleet publishes this box's record and watches the others'. Its methods
+// are safe for concurrent use.
+type Fleet struct {
+	client *api.Client
+	cfg    config.Fleet
+	name   string
+	opts   FleetOptions
+	log    *slog.Logger
+
+	wake chan struct{}
+	mu   sync.Mutex
+	// local is the record to publish; published the one Consul holds.
+	local, published []byte
+	boxes            []fleet.Box
+	gone             map[string]time.Time
+	lastSync         time.Time
+	pubErr, watchErr error
+}
+
+// NewFleet prepares the fleet check for the [discovery.consul] agent.
+func NewFleet(cc *config.Consul, fc *config.Fleet, opts FleetOptions) (*Fleet, error) {
+	if cc == nil || fc == nil {
+		return nil, errors.New("consul: the fleet check needs [discovery.consul] and [fleet]")
+	}
+	// The source's defaults and rules, for the fields the two share.
+	shared := Options{Log: opts.Log, Wait: opts.Wait, RetryMin: opts.RetryMin, RetryMax: opts.RetryMax}
+	shared.fill()
+	opts.Log, opts.Wait, opts.RetryMin, opts.RetryMax = shared.Log, shared.Wait, shared.RetryMin, shared.RetryMax
+	name := fc.Name
+	if name == "" {
+		h, err := os.Hostname()
+		if err != nil || h == "" {
+			return nil, fmt.Errorf("fleet: no host name to name this box by (%v): set fleet.name", err)
+		}
+		name = h
+	}
+	ac, err := clientConfig(cc)
+	if err != nil {
+		return nil, err
+	}
+	client, err := api.NewClient(ac)
+	if err != nil {
+		return nil, fmt.Errorf("fleet: cannot set up the Consul client for %s: %v", cc.Address, err)
+	}
+	return &Fleet{client: client, cfg: *fc, name: name, opts: opts, log: opts.Log.With("component", "fleet", "box", name), wake: make(chan struct{}, 1)}, nil
+}
+
+// Name is this box's name in the fleet.
+func (f *Fleet) Name() string { return f.name }
+
+// Publish sets the record to publish; it is written at once if it
+// changed. b.Name is replaced by the box's name.
+func (f *Fleet) Publish(b fleet.Box) {
+	b.Name = f.name
+	data, err := json.Marshal(b)
+	if err != nil {
+		return
+	}
+	f.mu.Lock()
+	changed := string(data) != string(f.local)
+	f.local = data
+	f.mu.Unlock()
+	if changed {
+		select {
+		case f.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// Boxes returns the records Consul holds, this box's included, and how
+// current they are.
+func (f *Fleet) Boxes() ([]fleet.Box, FleetStatus) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	st := FleetStatus{LastSync: f.lastSync, Gone: maps.Clone(f.gone)}
+	if err := errors.Join(f.pubErr, f.watchErr); err != nil {
+		st.Error = err.Error()
+	}
+	return slices.Clone(f.boxes), st
+}
+
+// Run publishes and watches until ctx ends, then destroys the session,
+// which deletes this box's record.
+func (f *Fleet) Run(ctx context.Context) {
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); f.publishLoop(ctx) }()
+	go func() { defer wg.Done(); f.watchLoop(ctx) }()
+	wg.Wait()
+}
+
+func (f *Fleet) key() string { return f.cfg.KVPrefix + f.name }
+
+func (f *Fleet) setErr(dst *error, err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if (*dst == nil) != (err == nil) {
+		if err != nil {
+			f.log.Warn("fleet check: Consul call failing; retrying", "error", err)
+		} else {
+			f.log.Info("fleet check: Consul answers again")
+		}
+	}
+	*dst = err
+}
+
+func (f *Fleet) backoff(ctx context.Context, d *time.Duration) bool {
+	ok := sleep(ctx, jitter(*d))
+	*d = min(*d*2, f.opts.RetryMax)
+	return ok
+}
+
+// publishLoop keeps a session and this box's record under it.
+func (f *Fleet) publishLoop(ctx context.Context) {
+	var (
+		session string
+		lost    chan struct{}
+		stopRen chan struct{}
+		retry   = f.opts.RetryMin
+	)
+	defer func() {
+		if session == "" {
+			return
+		}
+		close(stopRen)
+		// Destroying the session deletes the record (behaviour delete),
+		// so the others stop comparing with a box that is gone.
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if _, err := f.client.Session().Destroy(session, (&api.WriteOptions{}).WithContext(dctx)); err != nil {
+			f.log.Warn("fleet check: could not remove this box's record; it goes when its session expires", "error", err, "ttl", f.cfg.SessionTTL)
+		}
+	}()
+	for ctx.Err() == nil {
+		if session == "" {
+			id, err := f.createSession(ctx)
+			if err != nil {
+				f.setErr(&f.pubErr, err)
+				if !f.backoff(ctx, &retry) {
+					return
+				}
+				continue
+			}
+			session, lost, stopRen = id, make(chan struct{}), make(chan struct{})
+			go func(id string, lost, stop chan struct{}) {
+				err := f.client.Session().RenewPeriodic(f.cfg.SessionTTL.String(), id, (&api.WriteOptions{}).WithContext(ctx), stop)
+				if err != nil && ctx.Err() == nil {
+					f.log.Warn("fleet check: session lost; publishing under a new one", "error", err)
+				}
+				close(lost)
+			}(id, lost, stopRen)
+			f.mu.Lock()
+			f.published = nil
+			f.mu.Unlock()
+		}
+		f.mu.Lock()
+		data, stale := f.local, string(f.local) != string(f.published)
+		f.mu.Unlock()
+		if data != nil && stale {
+			if err := f.write(ctx, session, data); err != nil {
+				f.setErr(&f.pubErr, err)
+				if !f.backoff(ctx, &retry) {
+					return
+				}
+				continue
+			}
+			f.mu.Lock()
+			f.published = data
+			f.mu.Unlock()
+			f.setErr(&f.pubErr, nil)
+			retry = f.opts.RetryMin
+		}
+		select {
+		case <-ctx.Done():
+		case <-f.wake:
+		case <-lost:
+			session = ""
+		}
+	}
+}
+
+func (f *Fleet) createSession(ctx context.Context) (string, error) {
+	id, _, err := f.client.Session().Create(&api.SessionEntry{
+		Name:     sessionPrefix + f.name,
+		TTL:      f.cfg.SessionTTL.String(),
+		Behavior: api.SessionBehaviorDelete,
+		// The default lock delay (15 s) would keep a restarted box from
+		// taking its own key back that long.
+		LockDelay: time.Millisecond,
+	}, (&api.WriteOptions{}).WithContext(ctx))
+	if err != nil {
+		return "", fmt.Errorf("fleet: create a Consul session: %w", err)
+	}
+	return id, nil
+}
+
+// write puts the record under the session. A key still held by this box's
+// previous session (l4lbd crashed or was killed, and the session has not
+// expired) is taken back; one held by another box means two boxes share a
+// name.
+func (f *Fleet) write(ctx context.Context, session string, data []byte) error {
+	kv := f.client.KV()
+	wo := (&api.WriteOptions{}).WithContext(ctx)
+	for attempt := 0; attempt < 2; attempt++ {
+		ok, _, err := kv.Acquire(&api.KVPair{Key: f.key(), Value: data, Session: session}, wo)
+		if err != nil {
+			return fmt.Errorf("fleet: write %s: %w", f.key(), err)
+		}
+		if ok {
+			return nil
+		}
+		pair, _, err := kv.Get(f.key(), (&api.QueryOptions{}).WithContext(ctx))
+		if err != nil || pair == nil || pair.Session == "" {
+			continue
+		}
+		info, _, err := f.client.Session().Info(pair.Session, (&api.QueryOptions{}).WithContext(ctx))
+		if err != nil || info == nil {
+			continue
+		}
+		if info.Name != sessionPrefix+f.name {
+			return fmt.Errorf("fleet: %s is held by session %q: another box uses the name %q; give each box its own fleet.name", f.key(), info.Name, f.name)
+		}
+		f.log.Info("fleet check: taking this box's record back from its previous session", "session", pair.Session)
+		if _, err := f.client.Session().Destroy(pair.Session, wo); err != nil {
+			return fmt.Errorf("fleet: remove the previous session: %w", err)
+		}
+	}
+	return fmt.Errorf("fleet: %s stays held by another session", f.key())
+}
+
+// watchLoop keeps the view of every box's record current.
+func (f *Fleet) watchLoop(ctx context.Context) {
+	var index uint64
+	retry := f.opts.RetryMin
+	for ctx.Err() == nil {
+		q := (&api.QueryOptions{WaitIndex: index, WaitTime: f.opts.Wait, AllowStale: true}).WithContext(ctx)
+		pairs, meta, err := f.client.KV().List(f.cfg.KVPrefix, q)
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			f.setErr(&f.watchErr, fmt.Errorf("fleet: watch %s: %w", f.cfg.KVPrefix, err))
+			if !f.backoff(ctx, &retry) {
+				return
+			}
+			index = 0
+			continue
+		}
+		retry = f.opts.RetryMin
+		now := time.Now()
+		var boxes []fleet.Box
+		for _, p := range pairs {
+			// A record no session holds belongs to no live box.
+			if p.Session == "" || strings.Contains(strings.TrimPrefix(p.Key, f.cfg.KVPrefix), "/") {
+				continue
+			}
+			var b fleet.Box
+			if err := json.Unmarshal(p.Value, &b); err != nil || b.Name == "" {
+				f.log.Warn("fleet check: ignoring a record that is not a fleet box", "key", p.Key, "error", err)
+				continue
+			}
+			b.Seen = now
+			boxes = append(boxes, b)
+		}
+		f.mu.Lock()
+		f.gone = goneBoxes(f.gone, f.boxes, boxes, now)
+		f.boxes, f.lastSync = boxes, now
+		f.mu.Unlock()
+		f.setErr(&f.watchErr, nil)
+		index = nextIndex(index, meta.LastIndex)
+	}
+}
+
+// goneBoxes updates gone (name: last seen) from one answer of the watch to
+// the next: boxes of prev missing from cur are gone since they were last
+// seen, boxes in cur are back, and entries older than goneFor are dropped.
+func goneBoxes(gone map[string]time.Time, prev, cur []fleet.Box, now time.Time) map[string]time.Time {
+	out := map[string]time.Time{}
+	for name, seen := range gone {
+		if now.Sub(seen) < goneFor {
+			out[name] = seen
+		}
+	}
+	for _, b := range prev {
+		out[b.Name] = b.Seen
+	}
+	for _, b := range cur {
+		delete(out, b.Name)
+	}
+	return out
+}

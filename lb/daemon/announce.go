@@ -1,0 +1,242 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"reflect"
+	"sync"
+	"time"
+
+	"github.com/l4lb/l4lb/lb"
+	"github.com/l4lb/l4lb/lb/announce"
+	"github.com/l4lb/l4lb/lb/api"
+	"github.com/l4lb/l4lb/lb/config"
+	"github.com/l4lb/l4lb/lb/health"
+)
+
+// recheckEvery is how often the announcement is decided again while a
+// backend waits for its first passed check: the checker reports changes of
+// state, and a backend that starts up and passes does not change.
+const recheckEvery = 100 * time.Millisecond
+
+// announcers are the running VIP announcers; nil fields are off. Control
+// loop only.
+type announcers struct {
+	bgp *announce.Speaker
+	l2  *announce.Responder
+	// l2cfg is what the responder was started with; it changes only with
+	// a restart.
+	l2cfg *config.L2
+	// opened is true once the speaker got its first set (which opens the
+	// sessions).
+	opened bool
+	// recheck fires while some backend waits for its first passed check.
+	recheck *time.Timer
+}
+
+// startAnnouncers starts what [bgp] and [l2] ask for. restarting says that
+// this l4lbd adopted a datapath that kept forwarding, which graceful
+// restart tells the routers. Nothing is announced until the first
+// announce call, which opens the BGP sessions with the complete set.
+func (d *Daemon) startAnnouncers(ctx context.Context, wg *sync.WaitGroup, cfg *config.Config, restarting bool) error {
+	a := &announcers{recheck: time.NewTimer(time.Hour)}
+	a.recheck.Stop()
+	if cfg.BGP != nil {
+		s, err := announce.NewSpeaker(cfg.BGP, announce.SpeakerOptions{Log: d.log, Restarting: restarting && cfg.BGP.GracefulRestart})
+		if err != nil {
+			return err
+		}
+		a.bgp = s
+	}
+	if cfg.L2 != nil {
+		r, err := announce.NewResponder(cfg.L2, d.log)
+		if err != nil {
+			if a.bgp != nil {
+				a.bgp.Stop(config.StopDrain, 0)
+			}
+			return err
+		}
+		a.l2, a.l2cfg = r, cfg.L2
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r.Run(ctx)
+		}()
+	}
+	d.ann = a
+	return nil
+}
+
+// stopAnnouncers ends the BGP speaker as [bgp] on_stop says: a drain
+// withdraws and waits while the datapath still forwards; a keep leaves the
+// routes to the routers' graceful restart. The L2 responder answers until
+// Run's context ends, after this.
+func (d *Daemon) stopAnnouncers() {
+	if a := d.ann; a != nil && a.bgp != nil {
+		b := d.cfg.BGP
+		a.bgp.Stop(b.OnStop, b.DrainTime)
+	}
+}
+
+// announceInputs is what the announcers need of every served service,
+// from what the view programmed and the health states given. A checked
+// backend counts as healthy once a probe of it passed and it is up: the
+// checker starts backends up, so that the datapath serves at once after a
+// restart, but an announcement draws traffic to the box and waits for the
+// evidence. waiting says that some backend has not passed yet, unprobed
+// that some has not even had a probe end.
+func announceInputs(svcs []lb.Service, index map[lb.Frontend]*programmedService, states map[health.Key]health.Status) (out []announce.Service, waiting, unprobed bool) {
+	out = make([]announce.Service, 0, len(svcs))
+	for _, svc := range svcs {
+		ps, ok := index[svc.Frontend]
+		in := announce.Service{
+			Name:       svc.Name,
+			VIP:        svc.Frontend.Addr,
+			Programmed: ok && ps.HasEntry && ps.HasTable,
+			Announce:   svc.Announce,
+		}
+		for _, b := range svc.Backends {
+			if b.State != lb.Active || b.Weight == 0 {
+				continue
+			}
+			if svc.Health.Type != lb.HealthNone {
+				st, ok := states[health.Key{Service: svc.Name, Backend: b.Addr}]
+				if !ok || st.State != health.Up {
+					continue
+				}
+				if !st.Passed {
+					in.Unchecked++
+					waiting = true
+					unprobed = unprobed || st.LastCheck.IsZero()
+					continue
+				}
+			}
+			in.Healthy++
+		}
+		out = append(out, in)
+	}
+	return out, waiting, unprobed
+}
+
+// announce applies the rule to the view's services and hands each
+// announcer its set. It runs on the control loop after every pass, with
+// the states the pass programmed.
+func (d *Daemon) announce(v *view) { d.announceWith(v, v.health) }
+
+// reannounce decides again on the current view with the checks' current
+// states, while a backend waits for its first passed check.
+func (d *Daemon) reannounce() {
+	v := *d.view.Load()
+	d.announceWith(&v, d.health.States())
+	d.view.Store(&v)
+}
+
+// recheckC fires when reannounce is due; nil (never) without announcers.
+func (d *Daemon) recheckC() <-chan time.Time {
+	if d.ann == nil {
+		return nil
+	}
+	return d.ann.recheck.C
+}
+
+func (d *Daemon) announceWith(v *view, states map[health.Key]health.Status) {
+	a := d.ann
+	if a == nil {
+		return
+	}
+	in, waiting, unprobed := announceInputs(v.services, v.index, states)
+	if waiting {
+		a.recheck.Reset(recheckEvery)
+	}
+	if a.bgp != nil {
+		v.bgpVIPs = announce.Decide(in, a.bgp.MinHealthy())
+		// The first set opens the sessions, and after a restart the
+		// routers drop the routes it lacks: wait until every backend
+		// has had a probe end, so that it is the complete set.
+		if a.opened || !unprobed {
+			a.opened = true
+			if err := a.bgp.Set(announce.Announced(v.bgpVIPs)); err != nil {
+				d.log.Error("BGP announcement", "error", err)
+			}
+		}
+	}
+	if a.l2 != nil {
+		v.l2VIPs = announce.Decide(in, a.l2.MinHealthy())
+		a.l2.Set(announce.Announced(v.l2VIPs))
+	}
+}
+
+// reloadAnnouncers applies a reloaded [bgp] to the running speaker. Turning
+// BGP or L2 on or off, and L2 settings, take a restart; the warnings say
+// which.
+func (d *Daemon) reloadAnnouncers(cfg *config.Config) (restartOnly []string) {
+	a := d.ann
+	old := d.cfg
+	switch {
+	case (old.BGP == nil) != (cfg.BGP == nil):
+		restartOnly = append(restartOnly, "[bgp] added or removed")
+		cfg.BGP = old.BGP
+	case a != nil && a.bgp != nil:
+		ro, err := a.bgp.Reconfigure(cfg.BGP)
+		if err != nil {
+			d.log.Error("BGP reconfiguration", "error", err)
+		}
+		restartOnly = append(restartOnly, ro...)
+	}
+	if (old.L2 == nil) != (cfg.L2 == nil) || old.L2 != nil && !reflect.DeepEqual(*old.L2, *cfg.L2) {
+		restartOnly = append(restartOnly, "[l2]")
+		cfg.L2 = old.L2
+	}
+	return restartOnly
+}
+
+// BGP implements api.Provider.
+func (d *Daemon) BGP() (api.BGPStatus, error) {
+	if b := d.bgpStatus(d.view.Load()); b != nil {
+		return *b, nil
+	}
+	return api.BGPStatus{}, fmt.Errorf("BGP is off: add [bgp] to the configuration (docs/scale-out.md): %w", api.ErrNotFound)
+}
+
+func (d *Daemon) bgpStatus(v *view) *api.BGPStatus {
+	a := d.ann
+	if a == nil || a.bgp == nil {
+		return nil
+	}
+	st := a.bgp.Status()
+	out := &api.BGPStatus{
+		ASN: st.ASN, RouterID: st.RouterID.String(), Peers: []api.BGPPeer{}, VIPs: apiVIPs(v.bgpVIPs),
+		GracefulRestart: v.cfg.BGP.GracefulRestart, OnStop: v.cfg.BGP.OnStop.String(),
+	}
+	for _, p := range st.Peers {
+		out.Peers = append(out.Peers, api.BGPPeer{
+			Address: p.Address.String(), ASN: p.ASN, State: p.State, Up: p.Up, Since: p.Since,
+			UpdatesSent: p.UpdatesSent, UpdatesReceived: p.UpdatesReceived, Advertised: p.Advertised,
+			GracefulRestart: p.GracefulRestart, LastError: p.LastError,
+		})
+	}
+	return out
+}
+
+func (d *Daemon) l2Status(v *view) *api.L2Status {
+	a := d.ann
+	if a == nil || a.l2 == nil {
+		return nil
+	}
+	st := a.l2.Status()
+	out := &api.L2Status{VIPs: apiVIPs(v.l2VIPs), Interfaces: []api.L2Interface{}}
+	for _, i := range st.Interfaces {
+		out.Interfaces = append(out.Interfaces, api.L2Interface{Name: i.Name, ARPReplies: i.ARPReplies, NDReplies: i.NDReplies, GratuitousSent: i.GratuitousSent})
+	}
+	return out
+}
+
+func apiVIPs(vips []announce.VIP) []api.AnnouncedVIP {
+	out := []api.AnnouncedVIP{}
+	for _, v := range vips {
+		out = append(out, api.AnnouncedVIP{VIP: v.Addr.String(), Announced: v.Announced, Services: v.Services, Reason: v.Reason})
+	}
+	return out
+}
