@@ -99,7 +99,8 @@ bench:
 # iptables setup in one run (docs/compare.md): control-plane cost of an
 # endpoint change, a rolling update under load, conntrack exhaustion and
 # connection latency. Root; about eight minutes on 2 CPUs. COMPARE_FLAGS="-o json" for
-# machines, "-fast" for the small counts the test runs.
+# machines, "-plot FILE.svg" for failed connections over time, "-fast" for
+# the small counts the test runs.
 COMPARE_FLAGS ?=
 compare: deps-compare build
 	$(GO) run ./tests/compare -l4lbd $(BIN)/l4lbd -l4lbctl $(BIN)/l4lbctl $(COMPARE_FLAGS)

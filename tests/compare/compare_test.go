@@ -108,6 +108,26 @@ func TestCompareFast(t *testing.T) {
 		t.Errorf("conntrack exhaustion, l4lb: l4lbctl conntrack stats said %q (%+v), want a table of %d", l4.L4LBLine, l4.L4LB, o.ctFree)
 	}
 
+	// The timeline -plot draws accounts for every failure of each row.
+	for _, x := range rep.Rollout.Rows {
+		checkPerSecond(t, "rolling update, "+x.System, x.Outcome)
+	}
+	for _, x := range ct.Rows {
+		checkPerSecond(t, "conntrack exhaustion, "+x.System, x.Outcome)
+	}
+	plot := filepath.Join(dir, "compare.svg")
+	if err := writePlotFile(rep, plot); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(plot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if lines, _ := parsePlot(t, f); len(lines) != len(rep.Rollout.Rows)+len(ct.Rows) {
+		t.Errorf("plot has %d lines, want one per row of the rolling update and the exhaustion (%d)", len(lines), len(rep.Rollout.Rows)+len(ct.Rows))
+	}
+
 	if len(rep.Latency) != 2*len(o.latServices) {
 		t.Errorf("latency: %d rows, want %d", len(rep.Latency), 2*len(o.latServices))
 	}
@@ -115,5 +135,16 @@ func TestCompareFast(t *testing.T) {
 		if x.Failed != 0 || x.P50 <= 0 || x.P99 < x.P50 {
 			t.Errorf("latency, %s at %d services: %d failed, p50 %s, p99 %s", x.System, x.Services, x.Failed, x.P50, x.P99)
 		}
+	}
+}
+
+func checkPerSecond(t *testing.T, row string, o Outcome) {
+	t.Helper()
+	sum := 0
+	for _, v := range o.FailedPerSecond {
+		sum += v
+	}
+	if sum != o.Failed || len(o.FailedPerSecond) == 0 {
+		t.Errorf("%s: %d failures over %d seconds in the timeline, %d in all", row, sum, len(o.FailedPerSecond), o.Failed)
 	}
 }

@@ -205,6 +205,9 @@ type Outcome struct {
 	OpenAtEnd bool `json:"failing_at_end"`
 	// ClientLate is loadResult.Late.
 	ClientLate time.Duration `json:"client_late_ns"`
+	// FailedPerSecond counts failed connections by the second of the load
+	// they were started in: what -plot draws.
+	FailedPerSecond []int `json:"failed_per_second"`
 }
 
 func outcomeOf(lr loadResult) Outcome {
@@ -216,7 +219,24 @@ func outcomeOf(lr loadResult) Outcome {
 		}
 	}
 	o.LongestWindow, o.OpenAtEnd = failureWindows(lr)
+	o.FailedPerSecond = perSecond(lr.Conns)
 	return o
+}
+
+// perSecond counts the failed connections of each second of a load, one
+// count per second in which a connection started.
+func perSecond(conns []connStat) []int {
+	var out []int
+	for _, c := range conns {
+		sec := int(c.At / time.Second)
+		for len(out) <= sec {
+			out = append(out, 0)
+		}
+		if c.Result != resOK {
+			out[sec]++
+		}
+	}
+	return out
 }
 
 // windowGap separates two failure windows: at the rates used, failures

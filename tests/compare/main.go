@@ -105,6 +105,7 @@ func main() {
 	}
 	o := defaults()
 	out := flag.String("o", "table", "output: table or json")
+	plot := flag.String("plot", "", "also draw the failed connections per second of the rolling update and the conntrack exhaustion into this SVG file")
 	isFast := flag.Bool("fast", false, "small counts (what the test in `make test` runs)")
 	only := flag.String("scenarios", strings.Join(allScenarios, ","), "scenarios to run, comma-separated")
 	flag.StringVar(&o.l4lbd, "l4lbd", "bin/l4lbd", "l4lbd binary")
@@ -122,7 +123,7 @@ func main() {
 	o.command = "make compare"
 	var set []string
 	flag.Visit(func(f *flag.Flag) {
-		if f.Name != "l4lbd" && f.Name != "l4lbctl" && f.Name != "o" {
+		if f.Name != "l4lbd" && f.Name != "l4lbctl" && f.Name != "o" && f.Name != "plot" {
 			set = append(set, "-"+f.Name+"="+f.Value.String())
 		}
 	})
@@ -135,6 +136,9 @@ func main() {
 	var err error
 	if o.scenarios, err = parseScenarios(*only); err != nil {
 		fail("%v", err)
+	}
+	if *plot != "" && !o.scenarios["rollout"] && !o.scenarios["conntrack"] {
+		fail("-plot draws the rollout and conntrack scenarios, and -scenarios has neither")
 	}
 	if os.Geteuid() != 0 {
 		fail("needs root (network namespaces, BPF, iptables inside them); run: sudo make compare")
@@ -161,9 +165,15 @@ func main() {
 		if err := enc.Encode(rep); err != nil {
 			fail("%v", err)
 		}
-		return
+	} else {
+		rep.write(os.Stdout)
 	}
-	rep.write(os.Stdout)
+	if *plot != "" {
+		if err := writePlotFile(rep, *plot); err != nil {
+			fail("-plot: %v", err)
+		}
+		fmt.Fprintf(os.Stderr, "compare: failed connections over time drawn in %s\n", *plot)
+	}
 }
 
 func parseScenarios(s string) (map[string]bool, error) {
