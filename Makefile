@@ -21,7 +21,8 @@ MULTIARCH := $(shell gcc -print-multiarch 2>/dev/null || dpkg-architecture -qDEB
 
 # bpf/gen.go passes these to clang through bpf2go. The multiarch include
 # directory provides <asm/types.h> for the UAPI headers.
-export BPF_CFLAGS := -O2 -g -Wall -Werror -I/usr/include/$(MULTIARCH)
+# BPF_EXTRA_CFLAGS: measurement builds only (docs/datapath.md), never committed.
+export BPF_CFLAGS := -O2 -g -Wall -Werror -I/usr/include/$(MULTIARCH) $(BPF_EXTRA_CFLAGS)
 
 # Generated BPF artefacts, committed and checked by `make check-generate`.
 GENERATED := $(wildcard bpf/*_bpfel.go bpf/*_bpfel.o)

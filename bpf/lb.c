@@ -368,6 +368,11 @@ __noinline int l4lb_validate_tc(struct __sk_buff *ctx, const struct packet *p, _
 /* May p be forwarded (validate.h)? -1, or the reason it may not. */
 static __always_inline int validate(const struct hook *h, const struct packet *p)
 {
+#ifdef L4LB_BENCH_NO_VALIDATE
+	/* Only for measuring what validation costs (docs/datapath.md): never
+	 * in a committed object. */
+	return -1;
+#endif
 	int slow, r = validate_fast(h, p, &slow);
 
 	if (r >= 0 || !slow)

@@ -71,7 +71,7 @@ func (d *LB) State() (reconciler.State, error) {
 	)
 	mit := d.maglev.Iterate()
 	for mit.Next(&mk, &mid) {
-		table, ok, err := readTable(mid)
+		table, ok, err := d.readTable(mk, mid)
 		if err != nil {
 			return reconciler.State{}, fmt.Errorf("read Maglev table of service id %d: %w", mk, err)
 		}
@@ -151,11 +151,12 @@ func backendFromMap(v bpf.LbBackend) reconciler.Backend {
 	return b
 }
 
-// readTable reads the inner map id. ok is false for the empty table that
-// DeleteTables leaves behind: that slot holds no table.
-func readTable(id ebpf.MapID) (table []reconciler.BackendID, ok bool, err error) {
-	m, err := ebpf.NewMapFromID(id)
-	if err != nil {
+// readTable reads the inner map id in slot svc. ok is false for the empty
+// table that DeleteTables leaves behind (that slot holds no table) and for
+// a table l4lbd may not open (see openTable).
+func (d *LB) readTable(svc uint32, id ebpf.MapID) (table []reconciler.BackendID, ok bool, err error) {
+	m, ok, err := d.openTable(svc, id)
+	if err != nil || !ok {
 		return nil, false, err
 	}
 	defer m.Close()

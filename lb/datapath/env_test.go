@@ -171,11 +171,8 @@ func newEnvWith(t testing.TB, o envOptions) *env {
 	return e
 }
 
-// load loads e's datapath with o (over the pins of a previous one when
-// o.pinPath is set) and a reconciler that adopts what it holds, naming the
-// adopted services as svcs do (the kernel does not keep names).
-func (e *env) load(t testing.TB, o envOptions, svcs []lb.Service) {
-	t.Helper()
+// config is the datapath configuration o describes, in e's namespace.
+func (e *env) config(o envOptions) datapath.Config {
 	if o.snatAddrs == nil {
 		o.snatAddrs = []netip.Addr{lbAddr4, lbAddr6}
 	}
@@ -185,7 +182,7 @@ func (e *env) load(t testing.TB, o envOptions, svcs []lb.Service) {
 	if o.maxBackends == 0 {
 		o.maxBackends = 256
 	}
-	lbd, err := datapath.Load(datapath.Config{
+	return datapath.Config{
 		PinPath:        o.pinPath,
 		Seed:           testSeed,
 		MaxServices:    64,
@@ -200,12 +197,20 @@ func (e *env) load(t testing.TB, o envOptions, svcs []lb.Service) {
 		FlowInsertRate: o.insertRate,
 		Netns:          e.ns.Handle(),
 		Log:            slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
-	})
+	}
+}
+
+// load loads e's datapath with o (over the pins of a previous one when
+// o.pinPath is set) and a reconciler that adopts what it holds, naming the
+// adopted services as svcs do (the kernel does not keep names).
+func (e *env) load(t testing.TB, o envOptions, svcs []lb.Service) {
+	t.Helper()
+	lbd, err := datapath.Load(e.config(o))
 	if err != nil {
 		t.Fatalf("load datapath: %v", err)
 	}
 	t.Cleanup(func() { lbd.Close() })
-	rcfg := reconciler.Config{Seed: testSeed, MaxServices: 64, MaxBackends: o.maxBackends}
+	rcfg := reconciler.Config{Seed: testSeed, MaxServices: 64, MaxBackends: e.config(o).MaxBackends}
 	st, err := lbd.State()
 	if err != nil {
 		t.Fatalf("read datapath state: %v", err)

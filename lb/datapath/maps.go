@@ -273,6 +273,7 @@ func (d *LB) SetTable(svc reconciler.ServiceID, table []reconciler.BackendID) er
 	if err := d.maglev.Update(&key, inner, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("swap in Maglev table for service id %d: %w", svc, err)
 	}
+	d.pinTable(key, inner)
 	return nil
 }
 
@@ -340,11 +341,13 @@ func (d *LB) SetTables(svcs []reconciler.ServiceID, tables [][]reconciler.Backen
 		keys = append(keys, uint32(svc))
 		inners = append(inners, inner)
 	}
-	for k, err := range d.swapIn(keys, inners) {
+	swapped := d.swapIn(keys, inners)
+	for k, err := range swapped {
 		if err != nil {
 			errs[at[k]] = fmt.Errorf("swap in Maglev table for service id %d: %w", keys[k], err)
 		}
 	}
+	d.pinTables(keys, inners, swapped)
 	return errs
 }
 
@@ -373,7 +376,9 @@ func (d *LB) DeleteTables(svcs []reconciler.ServiceID) []error {
 	for i, err := range d.swapIn(keys, inners) {
 		if err != nil {
 			errs[i] = fmt.Errorf("delete Maglev table of service id %d: %w", svcs[i], err)
+			continue
 		}
+		errs[i] = d.unpinTable(keys[i])
 	}
 	return errs
 }
@@ -453,7 +458,7 @@ func (d *LB) DeleteTable(svc reconciler.ServiceID) error {
 	if err := d.maglev.Delete(&key); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return fmt.Errorf("delete Maglev table of service id %d: %w", svc, err)
 	}
-	return nil
+	return d.unpinTable(key)
 }
 
 func (d *LB) zeroStats(m *ebpf.Map, key uint32) error {

@@ -180,12 +180,22 @@ func TestMinimalCapabilities(t *testing.T) {
 			cfg := oneBackendConfig()
 			if drop == "" {
 				d := tp.LBs[0].StartL4LBDWrapped(capSet(caps...), l4lbd(), cfg)
-				for i := range 10 {
-					c, err := tp.Client.DialTCP(0, netip.AddrPortFrom(vip4, 80))
-					if err != nil {
-						t.Fatalf("connection %d with capabilities %v: %v\n%s", i, caps, err, d.Log())
+				dial := func(when string) {
+					for i := range 10 {
+						c, err := tp.Client.DialTCP(0, netip.AddrPortFrom(vip4, 80))
+						if err != nil {
+							t.Fatalf("%s: connection %d with capabilities %v: %v\n%s", when, i, caps, err, d.Log())
+						}
+						c.Abort()
 					}
-					c.Abort()
+				}
+				dial("first start")
+				// A restart reads the pinned state back with the same
+				// capabilities (Maglev tables through their pins).
+				d.Restart()
+				dial("after a restart")
+				if log := d.Log(); strings.Contains(log, "level=ERROR") {
+					t.Errorf("errors after a restart with capabilities %v:\n%s", caps, log)
 				}
 				return
 			}
