@@ -214,11 +214,16 @@ func (d *L4LBD) WriteConfig(config string) {
 // API returns a client for the daemon's admin socket.
 func (d *L4LBD) API() *api.Client { return api.NewClient(d.Socket) }
 
-// WaitReady waits (up to 20 s) for the admin API to answer.
+// readyWait is how long WaitReady waits for a start: generous, because on
+// a machine busy with other builds loading and verifying the programs and
+// allocating the maps has taken more than 20 s; an exit fails at once.
+const readyWait = 2 * time.Minute
+
+// WaitReady waits (up to readyWait) for the admin API to answer.
 func (d *L4LBD) WaitReady() {
 	t := d.Host.top.T
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
+	deadline := time.Now().Add(readyWait)
 	for time.Now().Before(deadline) {
 		if d.Exited() {
 			t.Fatalf("%s: l4lbd exited: %v\n%s", d.Host.Name, d.err, d.Log())
@@ -231,7 +236,7 @@ func (d *L4LBD) WaitReady() {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	t.Fatalf("%s: l4lbd not ready after 20s\n%s", d.Host.Name, d.Log())
+	t.Fatalf("%s: l4lbd not ready after %s\n%s", d.Host.Name, readyWait, d.Log())
 }
 
 // Reload sends SIGHUP and waits until the daemon reports the new reload.
