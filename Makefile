@@ -8,6 +8,7 @@
 #   make demo       the demo topology in network namespaces (root)
 #   make bench      benchmarks, each next to its baseline
 #   make fuzz       the datapath fuzzer for FUZZTIME (default 10m; root)
+#   make compare    l4lb next to a kube-proxy-shaped iptables setup (root)
 #   make install    binaries, systemd units and /etc/l4lb/l4lb.toml (PREFIX=/usr/local)
 #   make deb        bin/l4lb_VERSION_ARCH.deb (nfpm, from packaging/)
 
@@ -31,7 +32,7 @@ GENERATED := $(wildcard bpf/*_bpfel.go bpf/*_bpfel.o)
 export L4LB_PRIVILEGED_TESTS := 1
 TESTFLAGS ?= -count=1 -timeout 30m
 
-.PHONY: all build deps deps-demo generate check-generate check-tidy kube-tools test test-unit lint demo bench fuzz install uninstall deb clean
+.PHONY: all build deps deps-demo deps-compare compare generate check-generate check-tidy kube-tools test test-unit lint demo bench fuzz install uninstall deb clean
 
 all: build
 
@@ -46,6 +47,9 @@ deps:
 
 deps-demo:
 	@scripts/deps.sh demo
+
+deps-compare:
+	@scripts/deps.sh compare
 
 generate:
 	cd bpf && $(GO) generate ./...
@@ -113,6 +117,16 @@ FUZZTIME ?= 10m
 FUZZMINIMIZE ?= 2000x
 fuzz: deps
 	cd lb/datapath && $(GO) test -run '^$$' -fuzz '^FuzzDatapath$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZE) .
+
+# The failure modes l4lb removes, side by side with a kube-proxy-shaped
+# iptables setup in one run (docs/compare.md): control-plane cost of an
+# endpoint change, a rolling update under load, conntrack exhaustion and
+# connection latency. Root; about eight minutes on 2 CPUs. COMPARE_FLAGS="-o json" for
+# machines, "-plot FILE.svg" for failed connections over time, "-fast" for
+# the small counts the test runs.
+COMPARE_FLAGS ?=
+compare: deps-compare build
+	$(GO) run ./tests/compare -l4lbd $(BIN)/l4lbd -l4lbctl $(BIN)/l4lbctl $(COMPARE_FLAGS)
 
 # The units name /usr/local binaries; installing under another PREFIX
 # rewrites those paths.

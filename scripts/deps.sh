@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Install what a fresh Debian 12 machine with Go lacks, idempotently, and
-# mount bpffs where the machine has not. Shared by `make deps`, `make demo`
-# and .ci/run, so that the quick start and CI agree on what they need.
+# mount bpffs where the machine has not. Shared by `make deps`, `make demo`,
+# `make compare` and .ci/run, so that the quick start and CI agree on what
+# they need.
 #
-#   scripts/deps.sh demo   what `make demo` runs: ip, ethtool, nsenter, bpffs
-#   scripts/deps.sh test   everything `make test` needs (the default)
+#   scripts/deps.sh demo     what `make demo` runs: ip, ethtool, nsenter, bpffs
+#   scripts/deps.sh compare  what `make compare` runs: the demo's tools, and
+#                            iptables (iptables-nft) and conntrack for its baseline
+#   scripts/deps.sh test     everything `make test` needs (the default)
 #
 # As root, missing Debian packages are installed with apt-get; otherwise the
 # script names them and exits non-zero.
@@ -13,17 +16,21 @@ set -euo pipefail
 profile=${1:-test}
 # Runtime tools of the topology the demo and the end-to-end tests build.
 demo=(iproute2 ethtool util-linux)
+# The baseline of `make compare` and its test: Debian's iptables (the
+# nf_tables backend is its default) and conntrack-tools.
+compare=("${demo[@]}" iptables conntrack)
 case "$profile" in
 demo) pkgs=("${demo[@]}") ;;
+compare) pkgs=("${compare[@]}") ;;
 test)
 	# clang/llvm/libbpf: make generate and its check; gcc: the multiarch
 	# include path; systemd: systemd-analyze for the unit tests; bird2:
 	# the BGP router of the scale-out tests (they run their own bird in a
 	# namespace; Debian's bird.service, which the package enables, runs a
 	# config that announces nothing).
-	pkgs=("${demo[@]}" clang-19 llvm-19 libbpf-dev systemd make gcc git ca-certificates bird2) ;;
+	pkgs=("${compare[@]}" clang-19 llvm-19 libbpf-dev systemd make gcc git ca-certificates bird2) ;;
 *)
-	echo "usage: $0 [demo|test]" >&2
+	echo "usage: $0 [demo|compare|test]" >&2
 	exit 2 ;;
 esac
 

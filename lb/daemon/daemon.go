@@ -96,6 +96,11 @@ type Daemon struct {
 	kubeRun   atomic.Pointer[kubeRun]
 	sourceCtx context.Context // control loop only
 
+	// loaded is the digest of the configuration file as the last reload
+	// found it, so that the file watch does not reload what a SIGHUP
+	// already read.
+	loaded atomic.Pointer[string]
+
 	mu         sync.Mutex
 	lastReload api.Reload
 	// pending are the settings of the file in force that wait for a
@@ -478,6 +483,10 @@ func (d *Daemon) Reload(ctx context.Context) error {
 
 func (d *Daemon) doReload() error {
 	notify(sddaemon.SdNotifyReloading)
+	// Taken before the read: a change in between is then seen by the
+	// watch and read again, never missed.
+	digest := fileDigest(d.opts.ConfigPath)
+	d.loaded.Store(&digest)
 	opts := d.opts.Config
 	if opts.Host != nil {
 		// The box may have changed since the last load (addresses).
@@ -822,16 +831,28 @@ func (d *Daemon) watchConfig(ctx context.Context, wg *sync.WaitGroup, every time
 				return
 			case <-t.C:
 			}
-			cur := fileDigest(d.opts.ConfigPath)
-			if cur == "" || cur == last {
+			if !d.configChanged(&last) {
 				continue
 			}
-			last = cur
 			d.log.Info("configuration file changed; reloading", "file", d.opts.ConfigPath)
 			// A rejection is logged once, by the reload itself.
 			_ = d.Reload(ctx)
 		}
 	}()
+}
+
+// configChanged reports whether the file's content differs from last, the
+// content the watch saw before (which it then updates), and from what the
+// last reload read: a file saved and then signalled (systemctl reload) is
+// read once, not once more by the watch.
+func (d *Daemon) configChanged(last *string) bool {
+	cur := fileDigest(d.opts.ConfigPath)
+	if cur == "" || cur == *last {
+		return false
+	}
+	*last = cur
+	loaded := d.loaded.Load()
+	return loaded == nil || *loaded != cur
 }
 
 func fileDigest(path string) string {

@@ -27,30 +27,48 @@ type LBConfig struct {
 	// SNATPortRange is datapath.snat_port_range ("lo-hi"); empty leaves
 	// the default.
 	SNATPortRange string
-	// Services are written with their own mode and dispatch when set, and
-	// with every backend's port (so port translation is explicit). A
-	// backend's Weight of 0 is written as the default weight: the zero
-	// value of lb.Backend should mean "a plain backend" here.
+	// Capacities (datapath.max_services, max_backends, conntrack_max,
+	// snat_max); zero keeps the small sizes that make the daemon's start
+	// fast: 64 services, 256 backends, 65536 flows.
+	MaxServices, MaxBackends, ConntrackMax, SNATMax uint32
+	// LogLevel is daemon.log_level; empty means debug.
+	LogLevel string
+	// Services are written with their own mode, dispatch and table size
+	// when set, and with every backend's port (so port translation is
+	// explicit) and state. A backend's Weight of 0 is written as the
+	// default weight: the zero value of lb.Backend should mean "a plain
+	// backend" here.
 	Services []lb.Service
 }
 
-// TOML renders the config. Small map sizes keep the daemon's start fast.
+func orDefault(v, def uint32) uint32 {
+	if v == 0 {
+		return def
+	}
+	return v
+}
+
+// TOML renders the config.
 func (c LBConfig) TOML() string {
 	var b strings.Builder
-	b.WriteString(`
+	level := c.LogLevel
+	if level == "" {
+		level = "debug"
+	}
+	fmt.Fprintf(&b, `
 [daemon]
 admin_socket   = "{{socket}}"
 metrics_listen = []
 bpffs          = "{{bpffs}}"
-log_level      = "debug"
+log_level      = %q
 
 [datapath]
 interfaces    = ["eth0"]
-conntrack_max = 65536
-snat_max      = 65536
-max_services  = 64
-max_backends  = 256
-`)
+conntrack_max = %d
+snat_max      = %d
+max_services  = %d
+max_backends  = %d
+`, level, orDefault(c.ConntrackMax, 65536), orDefault(c.SNATMax, 65536), orDefault(c.MaxServices, 64), orDefault(c.MaxBackends, 256))
 	if c.Attach != "" {
 		fmt.Fprintf(&b, "attach = %q\n", c.Attach)
 	}
@@ -76,10 +94,16 @@ max_backends  = 256
 		if s.Dispatch != lb.DispatchDefault {
 			fmt.Fprintf(&b, "dsr_dispatch = %q\n", s.Dispatch)
 		}
+		if s.TableSize != 0 {
+			fmt.Fprintf(&b, "table_size = %d\n", s.TableSize)
+		}
 		for _, be := range s.Backends {
 			fmt.Fprintf(&b, "[[service.backend]]\naddress = %q\nport = %d\n", be.Addr.Addr(), be.Addr.Port())
 			if be.Weight > lb.DefaultWeight {
 				fmt.Fprintf(&b, "weight = %d\n", be.Weight)
+			}
+			if be.State != lb.Active {
+				fmt.Fprintf(&b, "state = %q\n", be.State)
 			}
 		}
 	}

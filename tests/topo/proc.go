@@ -194,27 +194,36 @@ func (h *Host) StartL4LBDWrapped(wrapper []string, bin, config string, extraArgs
 	return d
 }
 
-// WriteConfig replaces the daemon's config file.
+// WriteConfig replaces the daemon's config file, in one rename: l4lbd
+// also reloads by itself when the file changes, and must never read half
+// of it.
 func (d *L4LBD) WriteConfig(config string) {
 	t := d.Host.top.T
 	t.Helper()
 	config = strings.ReplaceAll(config, "{{socket}}", d.Socket)
 	config = strings.ReplaceAll(config, "{{bpffs}}", d.PinDir)
-	if err := os.WriteFile(d.Config, []byte(config), 0o600); err != nil {
-		t.Fatalf("write %s: %v", d.Config, err)
+	tmp := d.Config + ".new"
+	if err := os.WriteFile(tmp, []byte(config), 0o600); err != nil {
+		t.Fatalf("write %s: %v", tmp, err)
+	}
+	if err := os.Rename(tmp, d.Config); err != nil {
+		t.Fatalf("rename %s: %v", tmp, err)
 	}
 }
 
 // API returns a client for the daemon's admin socket.
 func (d *L4LBD) API() *api.Client { return api.NewClient(d.Socket) }
 
-// WaitReady waits (up to 60 s) for the admin API to answer. A start loads
-// and verifies the BPF programs, which on a machine busy with other builds
-// and tests has taken over 20 s.
+// readyWait is how long WaitReady waits for a start: generous, because on
+// a machine busy with other builds loading and verifying the programs and
+// allocating the maps has taken more than 20 s; an exit fails at once.
+const readyWait = 2 * time.Minute
+
+// WaitReady waits (up to readyWait) for the admin API to answer.
 func (d *L4LBD) WaitReady() {
 	t := d.Host.top.T
 	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
+	deadline := time.Now().Add(readyWait)
 	for time.Now().Before(deadline) {
 		if d.Exited() {
 			t.Fatalf("%s: l4lbd exited: %v\n%s", d.Host.Name, d.err, d.Log())
@@ -227,7 +236,7 @@ func (d *L4LBD) WaitReady() {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	t.Fatalf("%s: l4lbd not ready after 60s\n%s", d.Host.Name, d.Log())
+	t.Fatalf("%s: l4lbd not ready after %s\n%s", d.Host.Name, readyWait, d.Log())
 }
 
 // Reload sends SIGHUP and waits until the daemon reports the new reload.
