@@ -272,3 +272,48 @@ func TestFlowsSNAT(t *testing.T) {
 		})
 	}
 }
+
+// BenchmarkFlowCounts measures counting a full connection table per
+// backend (what status and a scrape cost, every 5 s at most) next to the
+// plain entry count it extends (ConntrackEntries), in one run. The
+// entries are written directly: only the walk is measured.
+func BenchmarkFlowCounts(b *testing.B) {
+	const n = 1 << 18
+	e := newEnvWith(b, envOptions{conntrackMax: n, snatMax: 1024})
+	ct := e.lb.Maps()[bpf.LbMapConntrack]
+	keys := make([]bpf.LbFlowKey, 0, 4096)
+	vals := make([]bpf.LbCtValue, 0, 4096)
+	now := uint64(bpftest.KernelNow())
+	for i := range n {
+		k := bpf.LbFlowKey{Src: netip.AddrFrom4([4]byte{198, byte(i >> 16), byte(i >> 8), byte(i)}).As16(), Dst: vip4.As16(), Sport: htons(40000), Dport: htons(80), Proto: uint8(lb.TCP)}
+		keys = append(keys, k)
+		vals = append(vals, bpf.LbCtValue{BackendId: uint32(1 + i%8), SvcId: 1, LastSeen: now})
+		if len(keys) == cap(keys) || i == n-1 {
+			if _, err := ct.BatchUpdate(keys, vals, nil); err != nil {
+				b.Fatal(err)
+			}
+			keys, vals = keys[:0], vals[:0]
+		}
+	}
+	held := e.conntrackEntries(b)
+	b.Logf("%d entries held (the LRU may keep fewer than %d)", held, n)
+	b.Run("entries", func(b *testing.B) {
+		for b.Loop() {
+			e.conntrackEntries(b)
+		}
+	})
+	b.Run("counts", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := e.lb.FlowCounts(0); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("list", func(b *testing.B) {
+		for b.Loop() {
+			if err := e.lb.Flows(datapath.FlowFilter{}, func(datapath.Flow) bool { return true }); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
