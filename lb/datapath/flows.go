@@ -212,7 +212,8 @@ func (d *LB) Flows(f FlowFilter, fn func(Flow) bool) error {
 // FlowCounts counts the connection table's entries per service and
 // backend, active and inactive (FlowState.Active), or returns a count at
 // most maxAge old: counting walks the whole table, and status and metrics
-// may ask on every scrape.
+// may ask on every scrape. The map is shared with later callers: read it,
+// never write it.
 func (d *LB) FlowCounts(maxAge time.Duration) (map[FlowOwner]FlowCount, error) {
 	d.flowCounts.mu.Lock()
 	defer d.flowCounts.mu.Unlock()
