@@ -224,11 +224,13 @@ func printStatus(out io.Writer, st api.Status) error {
 		seed += " (PUBLIC DEV SEED: boxes will not agree)"
 	}
 	fmt.Fprintf(tw, "hash seed\tfingerprint %s\n", seed)
-	var ifs []string
-	for _, i := range st.Interfaces {
-		ifs = append(ifs, fmt.Sprintf("%s (%s %s)", i.Name, i.Attach, i.Mode))
+	for i, ifc := range st.Interfaces {
+		label := ""
+		if i == 0 {
+			label = "interfaces"
+		}
+		fmt.Fprintf(tw, "%s\t%s\n", label, interfaceLine(ifc))
 	}
-	fmt.Fprintf(tw, "interfaces\t%s\n", strings.Join(ifs, ", "))
 	fmt.Fprintf(tw, "services\t%d (%d backends)\n", st.Services, st.Backends)
 	if st.ReconcileError != "" {
 		fmt.Fprintf(tw, "reconcile\tFAILING: %s\n", st.ReconcileError)
@@ -271,71 +273,6 @@ func printStatus(out io.Writer, st api.Status) error {
 	return tw.Flush()
 }
 
-func serviceCmd(g *globals) *cobra.Command {
-	cmd := &cobra.Command{Use: "service", Short: "inspect services"}
-	cmd.AddCommand(&cobra.Command{
-		Use:   "list",
-		Short: "list the services",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			svcs, err := api.NewClient(g.socket).Services(cmd.Context())
-			if err != nil {
-				return err
-			}
-			if g.output == "json" {
-				return writeJSON(cmd.OutOrStdout(), svcs)
-			}
-			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tFRONTEND\tMODE\tBACKENDS\tPACKETS\tNEW FLOWS\tSOURCE")
-			for _, s := range svcs {
-				mode := s.Mode
-				if s.Dispatch != "" {
-					mode += "/" + s.Dispatch
-				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%s\n", s.Name, s.Frontend, mode, len(s.Backends), s.Counters.Packets, s.Counters.NewFlows, s.Source)
-			}
-			return tw.Flush()
-		},
-	})
-	cmd.AddCommand(&cobra.Command{
-		Use:   "get NAME",
-		Short: "show one service and its backends",
-		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			s, err := api.NewClient(g.socket).Service(cmd.Context(), args[0])
-			if err != nil {
-				return err
-			}
-			if g.output == "json" {
-				return writeJSON(cmd.OutOrStdout(), s)
-			}
-			out := cmd.OutOrStdout()
-			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-			fmt.Fprintf(tw, "name\t%s\nfrontend\t%s\nmode\t%s %s\ntable size\t%d\nfingerprint\t%s\nsource\t%s\ncounters\t%d packets, %d bytes, %d new flows\n",
-				s.Name, s.Frontend, s.Mode, s.Dispatch, s.TableSize, s.Fingerprint, s.Source, s.Counters.Packets, s.Counters.Bytes, s.Counters.NewFlows)
-			if err := tw.Flush(); err != nil {
-				return err
-			}
-			fmt.Fprintln(out)
-			tw = tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "BACKEND\tSTATE\tHEALTH\tWEIGHT\tSLOTS\tPACKETS\tBYTES\tNEW FLOWS")
-			for _, b := range s.Backends {
-				state := b.State
-				if b.Override {
-					state += " (override; configured " + b.ConfigState + ")"
-				}
-				health := b.Health
-				if b.HealthError != "" {
-					health += ": " + b.HealthError
-				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\n", b.Address, state, health, b.Weight, b.Slots, b.Counters.Packets, b.Counters.Bytes, b.Counters.NewFlows)
-			}
-			return tw.Flush()
-		},
-	})
-	return cmd
-}
-
 func backendCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "backend",
@@ -370,30 +307,5 @@ func backendCmd(g *globals) *cobra.Command {
 			},
 		})
 	}
-	return cmd
-}
-
-func conntrackCmd(g *globals) *cobra.Command {
-	cmd := &cobra.Command{Use: "conntrack", Short: "inspect the connection table"}
-	cmd.AddCommand(&cobra.Command{
-		Use:   "stats",
-		Short: "entries, capacity and insert failures of the connection table",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			ct, err := api.NewClient(g.socket).Conntrack(cmd.Context())
-			if err != nil {
-				return err
-			}
-			if g.output == "json" {
-				return writeJSON(cmd.OutOrStdout(), ct)
-			}
-			fill := 0.0
-			if ct.Capacity > 0 {
-				fill = 100 * float64(ct.Entries) / float64(ct.Capacity)
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "entries %d of %d (%.1f%%), insert failures %d\n", ct.Entries, ct.Capacity, fill, ct.InsertFailures)
-			return nil
-		},
-	})
 	return cmd
 }

@@ -135,9 +135,17 @@ type Reload struct {
 
 // Interface is one interface the datapath is attached to.
 type Interface struct {
-	Name   string `json:"name"`
+	Name string `json:"name"`
+	// Attach and Mode are what the configuration asks for
+	// (datapath.attach, datapath.xdp_mode).
 	Attach string `json:"attach"`
 	Mode   string `json:"mode,omitempty"`
+	// Attached is what the kernel reports, read back from it: "xdp
+	// native", "xdp generic", "xdp offload", "tc tcx" or "not attached"
+	// (then possibly naming another program on the XDP hook).
+	Attached string `json:"attached"`
+	// AttachedError is why Attached could not be read.
+	AttachedError string `json:"attached_error,omitempty"`
 }
 
 // Reason counts packets by what the datapath did with them.
@@ -185,6 +193,13 @@ type Backend struct {
 	HealthError string   `json:"health_error,omitempty"`
 	Slots       int      `json:"slots"`
 	Counters    Counters `json:"counters"`
+	// ActiveConns and InactiveConns count the backend's flows in the
+	// connection table (as of at most a few seconds ago). Active: TCP,
+	// established (for SNAT: the binding is past the handshake and saw no
+	// FIN or RST) and seen within datapath.snat_timeouts.tcp; inactive:
+	// every other entry (UDP flows, closing or idle TCP flows).
+	ActiveConns   uint64 `json:"active_conns"`
+	InactiveConns uint64 `json:"inactive_conns"`
 }
 
 // BackendAction is a runtime override: POST
@@ -205,6 +220,45 @@ type Conntrack struct {
 	Capacity uint32 `json:"capacity"`
 	// InsertFailures counts flows the datapath could not record.
 	InsertFailures uint64 `json:"insert_failures"`
+}
+
+// Flow is one connection-table entry (GET /v1/conntrack/flows, `l4lbctl
+// conntrack list`).
+type Flow struct {
+	Proto  string `json:"proto"`
+	Client string `json:"client"`
+	// VIP is the frontend's address and port.
+	VIP string `json:"vip"`
+	// Service is empty, and Backend the datapath's id ("id N"), for an
+	// entry whose service or backend is no longer programmed: its next
+	// packet is balanced again.
+	Service string `json:"service"`
+	Backend string `json:"backend"`
+	// State is established, syn_sent, closing, idle or udp; Active is
+	// true for established (see Backend.ActiveConns).
+	State  string `json:"state"`
+	Active bool   `json:"active"`
+	// AgeSeconds is the time since the flow's latest client packet (the
+	// datapath refreshes it at most once a second).
+	AgeSeconds float64 `json:"age_seconds"`
+	// SNAT is the source the flow's SNAT binding uses towards the backend.
+	SNAT string `json:"snat,omitempty"`
+}
+
+// FlushRequest selects the flows POST /v1/conntrack/flush deletes: those of
+// Backend (ip:port; of Service only, when set), those of Service, or with
+// All every flow. An empty request is refused.
+type FlushRequest struct {
+	Service string `json:"service,omitempty"`
+	Backend string `json:"backend,omitempty"`
+	All     bool   `json:"all,omitempty"`
+}
+
+// FlushResult counts what a flush deleted: connection-table entries and
+// SNAT bindings.
+type FlushResult struct {
+	Flows    int `json:"flows"`
+	Bindings int `json:"bindings"`
 }
 
 // MaglevTable is a service's live Maglev table (GET

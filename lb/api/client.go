@@ -154,3 +154,23 @@ func (c *Client) Fleet(ctx context.Context) (Fleet, error) {
 	var f Fleet
 	return f, c.get(ctx, "/fleet", &f)
 }
+
+// Flows lists the connection table's entries, of one service and/or
+// backend (ip:port) when not empty.
+func (c *Client) Flows(ctx context.Context, service, backend string) ([]Flow, error) {
+	q := url.Values{}
+	if service != "" {
+		q.Set("service", service)
+	}
+	if backend != "" {
+		q.Set("backend", backend)
+	}
+	var fl []Flow
+	return fl, c.get(ctx, "/conntrack/flows?"+q.Encode(), &fl)
+}
+
+// Flush deletes the flows req selects, and their SNAT bindings.
+func (c *Client) Flush(ctx context.Context, req FlushRequest) (FlushResult, error) {
+	var res FlushResult
+	return res, c.doBody(ctx, http.MethodPost, "/conntrack/flush", req, &res)
+}

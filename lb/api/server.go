@@ -21,6 +21,11 @@ type Provider interface {
 	Status() Status
 	Services() []Service
 	Conntrack() (Conntrack, error)
+	// Flows lists the connection table's entries, of one service and/or
+	// backend (ip:port) when not empty.
+	Flows(service, backend string) ([]Flow, error)
+	// Flush deletes the flows req selects and their SNAT bindings.
+	Flush(ctx context.Context, req FlushRequest) (FlushResult, error)
 	// Maglev returns the service's programmed table.
 	Maglev(service string) (MaglevTable, error)
 	// Lookup says where a client's flow to the service goes.
@@ -156,6 +161,33 @@ func NewServer(p Provider, log *slog.Logger) *Server {
 			return
 		}
 		writeJSON(w, http.StatusOK, c)
+	})
+	s.mux.HandleFunc("GET "+Version+"/conntrack/flows", func(w http.ResponseWriter, r *http.Request) {
+		q := r.URL.Query()
+		fl, err := s.p.Flows(q.Get("service"), q.Get("backend"))
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, fl)
+	})
+	s.mux.HandleFunc("POST "+Version+"/conntrack/flush", func(w http.ResponseWriter, r *http.Request) {
+		var req FlushRequest
+		if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20)).Decode(&req); err != nil {
+			writeError(w, fmt.Errorf("body must be {\"service\", \"backend\", \"all\"}: %v: %w", err, ErrInvalid))
+			return
+		}
+		if req.Service == "" && req.Backend == "" && !req.All {
+			writeError(w, fmt.Errorf("a flush needs a service, a backend, or all: %w", ErrInvalid))
+			return
+		}
+		res, err := s.p.Flush(r.Context(), req)
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		s.log.Info("flushed connection-table entries", "service", req.Service, "backend", req.Backend, "all", req.All, "flows", res.Flows, "bindings", res.Bindings)
+		writeJSON(w, http.StatusOK, res)
 	})
 	return s
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/l4lb/l4lb/lb"
 	"github.com/l4lb/l4lb/lb/api"
+	"github.com/l4lb/l4lb/lb/datapath"
 	"github.com/l4lb/l4lb/lb/health"
 	"github.com/l4lb/l4lb/lb/metrics"
 	"github.com/l4lb/l4lb/lb/reconciler"
@@ -24,6 +25,10 @@ const countMaxAge = 5 * time.Second
 func (d *Daemon) Snapshot() metrics.Snapshot {
 	v := d.view.Load()
 	var snap metrics.Snapshot
+	conns, err := d.flowCounts()
+	if err != nil {
+		snap.Errors = append(snap.Errors, err)
+	}
 	for _, svc := range v.services {
 		ps := v.programmedOf(svc.Frontend)
 		ms := metrics.Service{
@@ -47,6 +52,10 @@ func (d *Daemon) Snapshot() metrics.Snapshot {
 					mb.Counters = &mc
 				} else {
 					snap.Errors = append(snap.Errors, err)
+				}
+				if conns != nil {
+					c := conns[datapath.FlowOwner{Service: ps.ID, Backend: id}]
+					mb.Connections = &metrics.Connections{Active: c.Active, Inactive: c.Inactive}
 				}
 			}
 			ms.Backends = append(ms.Backends, mb)

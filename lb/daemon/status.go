@@ -11,6 +11,7 @@ import (
 
 	"github.com/l4lb/l4lb/lb"
 	"github.com/l4lb/l4lb/lb/api"
+	"github.com/l4lb/l4lb/lb/datapath"
 	"github.com/l4lb/l4lb/lb/health"
 	"github.com/l4lb/l4lb/lb/maglev"
 	"github.com/l4lb/l4lb/lb/metrics"
@@ -54,7 +55,15 @@ func (d *Daemon) Status() api.Status {
 		st.Backends += len(s.Backends)
 	}
 	for _, ifc := range v.cfg.Datapath.Interfaces {
-		st.Interfaces = append(st.Interfaces, api.Interface{Name: ifc, Attach: v.cfg.Datapath.Attach.String(), Mode: v.cfg.Datapath.XDPMode.String()})
+		ai := api.Interface{Name: ifc, Attach: v.cfg.Datapath.Attach.String(), Mode: v.cfg.Datapath.XDPMode.String(), Attached: "not attached"}
+		if d.dp != nil {
+			if a, err := d.dp.Attached(ifc); err == nil {
+				ai.Attached = a.String()
+			} else {
+				ai.Attached, ai.AttachedError = "unknown", err.Error()
+			}
+		}
+		st.Interfaces = append(st.Interfaces, ai)
 	}
 	if reasons, err := d.reasons(); err == nil {
 		for _, r := range reasons {
@@ -86,6 +95,9 @@ func (d *Daemon) reasons() ([]metrics.Reason, error) {
 func (d *Daemon) Services() []api.Service {
 	v := d.view.Load()
 	states := v.health
+	// A failed count leaves the connection columns at 0; status and
+	// metrics report the table's errors.
+	conns, _ := d.flowCounts()
 	out := make([]api.Service, 0, len(v.services))
 	for _, svc := range v.services {
 		ps := v.programmedOf(svc.Frontend)
@@ -115,6 +127,8 @@ func (d *Daemon) Services() []api.Service {
 			}
 			if id, ok := ps.ids[b.Addr]; ok {
 				ab.Slots = ps.slots[id]
+				c := conns[datapath.FlowOwner{Service: ps.ID, Backend: id}]
+				ab.ActiveConns, ab.InactiveConns = c.Active, c.Inactive
 				if d.dp != nil {
 					if c, err := d.dp.BackendCounters(id); err == nil {
 						ab.Counters = api.Counters(c)

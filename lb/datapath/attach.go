@@ -12,6 +12,8 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
 )
 
 // XDPMode selects how the program is attached to a driver.
@@ -310,4 +312,97 @@ func enableForwarding(iface string) error {
 		}
 	}
 	return nil
+}
+
+// Attachment is how the kernel holds the LB program on one interface, read
+// back from it rather than taken from the configuration.
+type Attachment struct {
+	// Hook is "xdp", "tc" (tcx ingress) or "" when the LB program is on
+	// neither.
+	Hook string
+	// Mode is the XDP attach mode the kernel reports ("native",
+	// "generic" or "offload"); "tcx" for the tc hook.
+	Mode string
+	// Other is the id of a program that is not l4lb's but holds the
+	// interface's XDP hook; 0 when none.
+	Other uint32
+}
+
+// String is "xdp generic", "tc tcx", "not attached" or "not attached
+// (XDP program N holds the hook)".
+func (a Attachment) String() string {
+	s := "not attached"
+	if a.Hook != "" {
+		s = a.Hook + " " + a.Mode
+	}
+	if a.Other != 0 {
+		s += fmt.Sprintf(" (XDP program %d holds the hook)", a.Other)
+	}
+	return s
+}
+
+// xdpModeName names the kernel's IFLA_XDP_ATTACHED value.
+func xdpModeName(mode uint32) string {
+	switch mode {
+	case nl.XDP_ATTACHED_DRV:
+		return "native"
+	case nl.XDP_ATTACHED_SKB:
+		return "generic"
+	case nl.XDP_ATTACHED_HW:
+		return "offload"
+	case nl.XDP_ATTACHED_HW + 1: // XDP_ATTACHED_MULTI: programs in several modes
+		return "multi"
+	}
+	return fmt.Sprintf("mode %d", mode)
+}
+
+// Attached reads from the kernel where the LB program runs on iface: the
+// interface's XDP program and attach mode (netlink link info), and its tcx
+// ingress programs.
+func (d *LB) Attached(iface string) (Attachment, error) {
+	var (
+		h   *netlink.Handle
+		err error
+	)
+	if d.cfg.Netns != nil {
+		h, err = netlink.NewHandleAt(*d.cfg.Netns)
+	} else {
+		h, err = netlink.NewHandle()
+	}
+	if err != nil {
+		return Attachment{}, fmt.Errorf("netlink handle: %w", err)
+	}
+	defer h.Close()
+	l, err := h.LinkByName(iface)
+	if err != nil {
+		return Attachment{}, fmt.Errorf("read link %s: %w", iface, err)
+	}
+	var a Attachment
+	if x := l.Attrs().Xdp; x != nil && x.Attached {
+		if id, ok := programID(d.prog); ok && x.ProgId == id {
+			return Attachment{Hook: "xdp", Mode: xdpModeName(x.AttachMode)}, nil
+		}
+		a.Other = x.ProgId
+	}
+	res, err := link.QueryPrograms(link.QueryOptions{Target: l.Attrs().Index, Attach: ebpf.AttachTCXIngress})
+	if err != nil && !errors.Is(err, ebpf.ErrNotSupported) {
+		return a, fmt.Errorf("query tcx programs of %s: %w", iface, err)
+	}
+	if id, ok := programID(d.progTC); ok && res != nil {
+		for _, p := range res.Programs {
+			if uint32(p.ID) == id {
+				a.Hook, a.Mode = "tc", "tcx"
+			}
+		}
+	}
+	return a, nil
+}
+
+func programID(p *ebpf.Program) (uint32, bool) {
+	info, err := p.Info()
+	if err != nil {
+		return 0, false
+	}
+	id, ok := info.ID()
+	return uint32(id), ok
 }

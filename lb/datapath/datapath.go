@@ -22,6 +22,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/btf"
@@ -137,6 +138,12 @@ type LB struct {
 	words  *svcWords
 	filter *vipFilter
 	counts entryCounts
+	// flowCounts caches FlowCounts.
+	flowCounts struct {
+		mu sync.Mutex
+		m  map[FlowOwner]FlowCount
+		at time.Time
+	}
 	// ranges is what src_ranges holds, by service id (ranges.go).
 	ranges *rangeCache
 

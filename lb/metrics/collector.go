@@ -64,6 +64,10 @@ var (
 		"1 for the backend's health state (unchecked, unknown, healthy, unhealthy), 0 for the others.",
 		[]string{labelService, labelBackend, labelState}, nil)
 
+	descBackendConnections = prometheus.NewDesc("l4lb_backend_connections",
+		"The backend's flows in the connection table, by state: active (TCP, established, seen within datapath.snat_timeouts.tcp) or inactive (UDP, closing or idle TCP). Counted at most a few seconds ago.",
+		[]string{labelService, labelBackend, labelState}, nil)
+
 	descReasonPackets = prometheus.NewDesc("l4lb_datapath_packets_total",
 		"Packets the datapath did not forward to a backend, by what it did instead (pass_*: handed to the kernel stack, drop_*: dropped).",
 		[]string{labelReason}, nil)
@@ -137,7 +141,7 @@ var (
 var allDescs = []*prometheus.Desc{
 	descServiceInfo, descServicePackets, descServiceBytes, descServiceNewFlows,
 	descBackendPackets, descBackendBytes, descBackendNewFlows, descBackendWeight,
-	descBackendAdminState, descBackendOverride, descBackendHealth,
+	descBackendAdminState, descBackendOverride, descBackendHealth, descBackendConnections,
 	descReasonPackets, descReasonBytes, descEvents,
 	descConntrackEntries, descConntrackCapacity, descSNATEntries, descSNATCapacity,
 	descMapEntries, descMapCapacity,
@@ -310,6 +314,10 @@ func (e emitter) service(svc Service) {
 			e.counter(descBackendPackets, c.Packets, svc.Name, addr)
 			e.counter(descBackendBytes, c.Bytes, svc.Name, addr)
 			e.counter(descBackendNewFlows, c.NewFlows, svc.Name, addr)
+		}
+		if c := b.Connections; c != nil {
+			e.gauge(descBackendConnections, float64(c.Active), svc.Name, addr, "active")
+			e.gauge(descBackendConnections, float64(c.Inactive), svc.Name, addr, "inactive")
 		}
 		e.gauge(descBackendWeight, float64(b.Weight), svc.Name, addr)
 		for _, st := range adminStates {

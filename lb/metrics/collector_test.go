@@ -47,9 +47,9 @@ func smallSnapshot() Snapshot {
 				Counters:    &Counters{Packets: 100, Bytes: 6400, NewFlows: 10},
 				Backends: []Backend{
 					{Addr: netip.MustParseAddrPort("10.1.0.11:30080"), Weight: 1, State: lb.Active, Health: HealthHealthy,
-						Counters: &Counters{Packets: 60, Bytes: 3840, NewFlows: 6}},
+						Counters: &Counters{Packets: 60, Bytes: 3840, NewFlows: 6}, Connections: &Connections{Active: 5, Inactive: 1}},
 					{Addr: netip.MustParseAddrPort("10.1.0.12:30080"), Weight: 2, State: lb.Draining, Override: true, Health: HealthUnhealthy,
-						Counters: &Counters{Packets: 40, Bytes: 2560, NewFlows: 4}},
+						Counters: &Counters{Packets: 40, Bytes: 2560, NewFlows: 4}, Connections: &Connections{Active: 0, Inactive: 3}},
 				},
 			},
 			{
@@ -101,6 +101,12 @@ l4lb_backend_admin_state{backend="[2001:db8::1]:53",service="dns",state="drainin
 # TYPE l4lb_backend_bytes_total counter
 l4lb_backend_bytes_total{backend="10.1.0.11:30080",service="web"} 3840
 l4lb_backend_bytes_total{backend="10.1.0.12:30080",service="web"} 2560
+# HELP l4lb_backend_connections The backend's flows in the connection table, by state: active (TCP, established, seen within datapath.snat_timeouts.tcp) or inactive (UDP, closing or idle TCP). Counted at most a few seconds ago.
+# TYPE l4lb_backend_connections gauge
+l4lb_backend_connections{backend="10.1.0.11:30080",service="web",state="active"} 5
+l4lb_backend_connections{backend="10.1.0.11:30080",service="web",state="inactive"} 1
+l4lb_backend_connections{backend="10.1.0.12:30080",service="web",state="active"} 0
+l4lb_backend_connections{backend="10.1.0.12:30080",service="web",state="inactive"} 3
 # HELP l4lb_backend_health_state 1 for the backend's health state (unchecked, unknown, healthy, unhealthy), 0 for the others.
 # TYPE l4lb_backend_health_state gauge
 l4lb_backend_health_state{backend="10.1.0.11:30080",service="web",state="healthy"} 1

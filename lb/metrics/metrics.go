@@ -166,6 +166,17 @@ type Backend struct {
 	// Counters are nil when the backend is not programmed or its counters
 	// could not be read.
 	Counters *Counters
+	// Connections are the backend's flows in the connection table; nil
+	// when not programmed or the table could not be counted.
+	Connections *Connections
+}
+
+// Connections count a backend's connection-table entries. Active are TCP
+// flows that are established (for SNAT flows: the binding is past the
+// handshake and saw no FIN or RST) and were seen within
+// datapath.snat_timeouts.tcp; Inactive every other entry.
+type Connections struct {
+	Active, Inactive uint64
 }
 
 // Counters are datapath counters of a service or backend, summed over CPUs.

@@ -54,6 +54,19 @@ func TestAdminAPI(t *testing.T) {
 		}
 	}
 
+	// Status reads the attachment back from the kernel: lb1 attaches at
+	// XDP (xdp_mode auto: native or generic, as the veth driver takes
+	// it), lb2 at tc.
+	for i, want := range []string{"xdp ", "tc tcx"} {
+		st, err := r.lbs[i].API().Status(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(st.Interfaces) != 1 || !strings.HasPrefix(st.Interfaces[0].Attached, want) || st.Interfaces[0].AttachedError != "" {
+			t.Errorf("lb%d: status interfaces %+v, want attached %q…", i+1, st.Interfaces, want)
+		}
+	}
+
 	// Established flows, one of them on be3.
 	var onBe3 []*topo.Conn
 	var all []*topo.Conn

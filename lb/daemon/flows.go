@@ -1,0 +1,148 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+
+	"github.com/l4lb/l4lb/lb/api"
+	"github.com/l4lb/l4lb/lb/datapath"
+	"github.com/l4lb/l4lb/lb/reconciler"
+)
+
+// flowNames names the service and backend ids of a view.
+type flowNames struct {
+	services map[reconciler.ServiceID]string
+	backends map[reconciler.BackendID]netip.AddrPort
+	// owner is the service id each backend id is programmed in.
+	owner map[reconciler.BackendID]reconciler.ServiceID
+}
+
+func namesOf(v *view) flowNames {
+	n := flowNames{services: map[reconciler.ServiceID]string{}, backends: map[reconciler.BackendID]netip.AddrPort{}, owner: map[reconciler.BackendID]reconciler.ServiceID{}}
+	for _, svc := range v.services {
+		ps := v.programmedOf(svc.Frontend)
+		if ps.ID == 0 {
+			continue
+		}
+		n.services[ps.ID] = svc.Name
+		for addr, id := range ps.ids {
+			n.backends[id], n.owner[id] = addr, ps.ID
+		}
+	}
+	return n
+}
+
+// flowFilter turns a service name and a backend (ip:port, of any service
+// unless one is named) into the datapath's filter.
+func flowFilter(v *view, service, backend string) (datapath.FlowFilter, error) {
+	var f datapath.FlowFilter
+	var be netip.AddrPort
+	if backend != "" {
+		var err error
+		if be, err = netip.ParseAddrPort(backend); err != nil {
+			return f, fmt.Errorf("backend %q: want ip:port (IPv6 as [addr]:port): %w", backend, api.ErrInvalid)
+		}
+		be = netip.AddrPortFrom(be.Addr().Unmap(), be.Port())
+		f.Backends = map[reconciler.BackendID]bool{}
+	}
+	if service != "" {
+		f.Services = map[reconciler.ServiceID]bool{}
+	}
+	svcFound, beFound := service == "", backend == ""
+	for _, svc := range v.services {
+		if service != "" && svc.Name != service {
+			continue
+		}
+		svcFound = true
+		ps := v.programmedOf(svc.Frontend)
+		if ps.ID == 0 {
+			continue
+		}
+		if f.Services != nil {
+			f.Services[ps.ID] = true
+		}
+		if id, ok := ps.ids[be]; ok && f.Backends != nil {
+			f.Backends[id], beFound = true, true
+		}
+	}
+	switch {
+	case !svcFound:
+		return f, fmt.Errorf("no service %q: %w", service, api.ErrNotFound)
+	case beFound:
+		return f, nil
+	case service == "":
+		return f, fmt.Errorf("no programmed service has backend %s: %w", be, api.ErrNotFound)
+	}
+	return f, fmt.Errorf("service %q has no programmed backend %s: %w", service, be, api.ErrNotFound)
+}
+
+// Flows implements api.Provider.
+func (d *Daemon) Flows(service, backend string) ([]api.Flow, error) {
+	if d.dp == nil {
+		return nil, errors.New("datapath not loaded")
+	}
+	v := d.view.Load()
+	f, err := flowFilter(v, service, backend)
+	if err != nil {
+		return nil, err
+	}
+	names := namesOf(v)
+	out := []api.Flow{}
+	err = d.dp.Flows(f, func(fl datapath.Flow) bool {
+		af := api.Flow{
+			Proto:      fl.Frontend.Proto.String(),
+			Client:     fl.Client.String(),
+			VIP:        netip.AddrPortFrom(fl.Frontend.Addr, fl.Frontend.Port).String(),
+			Service:    names.services[fl.Service],
+			Backend:    fmt.Sprintf("id %d", fl.Backend),
+			State:      fl.State.String(),
+			Active:     fl.State.Active(),
+			AgeSeconds: fl.Age.Seconds(),
+		}
+		if be, ok := names.backends[fl.Backend]; ok && names.owner[fl.Backend] == fl.Service {
+			af.Backend = be.String()
+		}
+		if fl.SNAT.IsValid() {
+			af.SNAT = fl.SNAT.String()
+		}
+		out = append(out, af)
+		return true
+	})
+	return out, err
+}
+
+// Flush implements api.Provider. It runs on the control loop, so no
+// reconcile hands the ids it resolved to other backends meanwhile.
+func (d *Daemon) Flush(ctx context.Context, req api.FlushRequest) (api.FlushResult, error) {
+	if d.dp == nil {
+		return api.FlushResult{}, errors.New("datapath not loaded")
+	}
+	var res datapath.FlushResult
+	err := d.query(ctx, func() error {
+		var f datapath.FlowFilter
+		if !req.All || req.Service != "" || req.Backend != "" {
+			var err error
+			if f, err = flowFilter(d.view.Load(), req.Service, req.Backend); err != nil {
+				return err
+			}
+		}
+		var err error
+		res, err = d.dp.FlushFlows(f)
+		return err
+	})
+	return api.FlushResult{Flows: res.Flows, Bindings: res.Bindings}, err
+}
+
+// flowCounts are the connection table's counts per service and backend,
+// at most countMaxAge old; nil without a datapath or when they cannot be
+// read (err says why).
+func (d *Daemon) flowCounts() (map[datapath.FlowOwner]datapath.FlowCount, error) {
+	if d.dp == nil {
+		return nil, nil
+	}
+	return d.dp.FlowCounts(countMaxAge)
+}
