@@ -8,8 +8,11 @@ import (
 	"math/rand/v2"
 	"net/netip"
 	"os"
+	"runtime"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/l4lb/l4lb/bpf"
 	"github.com/l4lb/l4lb/internal/pkttest"
@@ -217,6 +220,31 @@ func TestFloods(t *testing.T) {
 	}
 }
 
+// onOneCPU keeps the calling test's goroutine on one CPU until it ends:
+// the insert rate is per CPU, and BPF_PROG_TEST_RUN runs where the
+// caller does.
+func onOneCPU(t *testing.T) {
+	t.Helper()
+	runtime.LockOSThread()
+	var old, one unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &old); err != nil {
+		t.Fatalf("sched_getaffinity: %v", err)
+	}
+	for c := range 1024 {
+		if old.IsSet(c) {
+			one.Set(c)
+			break
+		}
+	}
+	if err := unix.SchedSetaffinity(0, &one); err != nil {
+		t.Fatalf("sched_setaffinity: %v", err)
+	}
+	t.Cleanup(func() {
+		_ = unix.SchedSetaffinity(0, &old)
+		runtime.UnlockOSThread()
+	})
+}
+
 // TestFloodNewFlowsStillWork checks that a new SNAT connection opened while
 // the CPU is over the insert rate works (its binding in the overflow
 // tables), and moves to the main tables once it has proved itself and the
@@ -224,6 +252,7 @@ func TestFloods(t *testing.T) {
 func TestFloodNewFlowsStillWork(t *testing.T) {
 	for _, c := range snatCases() {
 		t.Run(c.String(), func(t *testing.T) {
+			onOneCPU(t)
 			// A rate so low that the burst is one binding: the first
 			// flow takes it, the second overflows.
 			e := newSNATEnv(t, envOptions{insertRate: 1})
