@@ -273,6 +273,7 @@ const (
 	LbMapBackends             = "backends"
 	LbMapConntrack            = "conntrack"
 	LbMapEvents               = "events"
+	LbMapHandshakes           = "handshakes"
 	LbMapIcmpBuckets          = "icmp_buckets"
 	LbMapInsertBuckets        = "insert_buckets"
 	LbMapMaglev               = "maglev"
@@ -375,6 +376,7 @@ type LbMapSpecs struct {
 	Backends        *ebpf.MapSpec `ebpf:"backends"`
 	Conntrack       *ebpf.MapSpec `ebpf:"conntrack"`
 	Events          *ebpf.MapSpec `ebpf:"events"`
+	Handshakes      *ebpf.MapSpec `ebpf:"handshakes"`
 	IcmpBuckets     *ebpf.MapSpec `ebpf:"icmp_buckets"`
 	InsertBuckets   *ebpf.MapSpec `ebpf:"insert_buckets"`
 	Maglev          *ebpf.MapSpec `ebpf:"maglev"`
@@ -449,6 +451,7 @@ type LbMaps struct {
 	Backends        *ebpf.Map `ebpf:"backends"`
 	Conntrack       *ebpf.Map `ebpf:"conntrack"`
 	Events          *ebpf.Map `ebpf:"events"`
+	Handshakes      *ebpf.Map `ebpf:"handshakes"`
 	IcmpBuckets     *ebpf.Map `ebpf:"icmp_buckets"`
 	InsertBuckets   *ebpf.Map `ebpf:"insert_buckets"`
 	Maglev          *ebpf.Map `ebpf:"maglev"`
@@ -476,6 +479,7 @@ func (m *LbMaps) Close() error {
 		m.Backends,
 		m.Conntrack,
 		m.Events,
+		m.Handshakes,
 		m.IcmpBuckets,
 		m.InsertBuckets,
 		m.Maglev,

@@ -9,9 +9,11 @@
  * same service; otherwise the flow is balanced again and the entry rewritten.
  *
  * SYN-flood resistance: a TCP SYN never creates an entry. The flow is balanced
- * statelessly (Maglev gives the same answer for the same 5-tuple) and the
- * entry is created by the first packet without SYN, which a spoofed source
- * never sends. A flood of spoofed SYNs therefore cannot evict established
+ * (Maglev gives the same answer for the same 5-tuple) and the entry is
+ * created by the first packet without SYN, which a spoofed source never
+ * sends. What the SYN chose is kept in the handshakes table (maps.h), which a
+ * SYN flood can churn but which holds no established flow, so the first ACK
+ * follows its SYN even when the Maglev table changed in between. A flood of spoofed SYNs therefore cannot evict established
  * flows from the LRU. A flood of packets without SYN (an ACK or UDP flood)
  * would: above datapath.flow_insert_rate new entries per second per CPU, a
  * new flow is forwarded by Maglev alone and not recorded.
@@ -104,6 +106,7 @@ static __always_inline int select_backend(struct packet *p, const struct svc_val
 {
 	__u64 now = bpf_ktime_get_coarse_ns();
 	__u32 word = svc_word_of(svc->id);
+	int syn_known = 0;
 	__u64 hash;
 	__u32 id;
 
@@ -146,6 +149,21 @@ static __always_inline int select_backend(struct packet *p, const struct svc_val
 			id = 0;
 		}
 	}
+	/* A DSR handshake in flight: the SYN's choice, for its retransmits
+	 * and for the first packet without SYN (which records it below). */
+	if (!ct && p->key.proto == IPPROTO_TCP && svc->mode != L4LB_MODE_SNAT) {
+		struct ct_value *hs = bpf_map_lookup_elem(&handshakes, &p->key);
+
+		if (hs && hs->svc_id == svc->id) {
+			id = hs->backend_id;
+			sel->be = backend_of(id, svc->id);
+			if (sel->be) {
+				syn_known = 1;
+				goto chosen;
+			}
+			id = 0;
+		}
+	}
 	if (svc->flags & L4LB_SVC_AFFINITY) {
 		id = affinity_lookup(svc, p->key.src, now, update);
 		sel->be = backend_of(id, svc->id);
@@ -167,33 +185,34 @@ chosen:
 	if (!update)
 		return -1;
 
+	struct ct_value v = {
+		.backend_id = id,
+		.svc_id = svc->id,
+		.last_seen = now,
+		.hash = (__u32)hash,
+		.svc_word = word,
+	};
+
 	if (ct) {
 		/* Re-balanced (its backend left, or the service id changed
 		 * hands): the entry is rewritten in place, no insert. */
-		ct->backend_id = id;
-		ct->svc_id = svc->id;
-		ct->last_seen = now;
-		ct->hash = (__u32)hash;
-		ct->svc_word = word;
+		*ct = v;
 		sel->new_flow = 1;
 	} else if (p->key.proto != IPPROTO_TCP || (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) != TCP_FLAG_SYN) {
-		struct ct_value v = {
-			.backend_id = id,
-			.svc_id = svc->id,
-			.last_seen = now,
-			.hash = (__u32)hash,
-			.svc_word = word,
-		};
-
-		/* Either way the flow is forwarded: Maglev gives its later
-		 * packets the same backend while the table holds. A failure
-		 * is what `l4lbctl conntrack stats` reports; a limited insert
-		 * is counted as event ct_insert_limited. */
+		/* Either way the flow is forwarded: Maglev (or its SYN's
+		 * handshakes entry) gives its later packets the same backend
+		 * while the table holds. A failure is what `l4lbctl conntrack
+		 * stats` reports; a limited insert is counted as event
+		 * ct_insert_limited. */
 		if (!ct_insert_allowed(now))
 			count_event(L4LB_E_CT_INSERT_LIMITED);
 		else if (bpf_map_update_elem(&conntrack, &p->key, &v, BPF_ANY))
 			count_reason(L4LB_R_EVENT_CT_INSERT_FAILED, p->l3_len);
 		sel->new_flow = 1;
+	} else if (svc->mode != L4LB_MODE_SNAT && !syn_known) {
+		/* A SYN (a SNAT one makes its binding instead, snat.h). Not
+		 * rate-limited: this table holds no established flow. */
+		bpf_map_update_elem(&handshakes, &p->key, &v, BPF_ANY);
 	}
 	return -1;
 }

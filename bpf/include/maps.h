@@ -115,6 +115,26 @@ struct {
 } conntrack SEC(".maps");
 
 /*
+ * TCP handshakes in flight: a DSR flow whose SYN was balanced and which has
+ * sent nothing else yet -> the backend its SYN went to (struct ct_value).
+ * A SYN makes no connection entry (conntrack.h), so without this a backend
+ * change between a client's SYN and its first ACK would send the ACK, by the
+ * new Maglev table, to a backend that never saw the SYN and answers with a
+ * reset. A table of its own, so that a SYN flood churns only it; per-CPU
+ * LRU lists, so that a flood arriving on one CPU evicts only what that CPU
+ * inserted (lookups still see every CPU's entries). Sized by lb/datapath
+ * (handshakeMax).
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct flow_key);
+	__type(value, struct ct_value);
+	__uint(max_entries, 65536);
+	__uint(map_flags, BPF_F_NO_COMMON_LRU);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} handshakes SEC(".maps");
+
+/*
  * SNAT bindings, one entry per direction (see snat.h). LRU because a NAT
  * table that refuses new flows when full fails the new flows of every
  * service at once; an LRU instead forgets the binding idle the longest.

@@ -238,6 +238,75 @@ func TestConntrackSYNFlood(t *testing.T) {
 	}
 }
 
+// TestHandshakeKeepsBackend checks that a TCP handshake in flight when the
+// Maglev table changes stays on the backend its SYN went to: the SYN's
+// retransmit and the first ACK follow it (the ACK then records the flow),
+// where the new table would send them to a backend that never saw the SYN.
+// A handshake whose backend left the service is balanced by the new table.
+func TestHandshakeKeepsBackend(t *testing.T) {
+	for _, fam := range families {
+		t.Run(fam.name, func(t *testing.T) {
+			e := newEnv(t)
+			b := fam.backends
+			svc := dsrService("web", fam.vip, 80, lb.TCP, b[0], b[1])
+			e.reconcile(t, svc)
+			flows := randomFlows(svc.Frontend, 64, 5)
+			syn := func(fs []maglev.Flow) []established {
+				out := make([]established, len(fs))
+				for i, f := range fs {
+					in := e.frame(t, packet(f, true, false, nil))
+					out[i] = established{flow: f, backend: e.checkTX(t, in, e.run(t, in))}
+				}
+				return out
+			}
+			first := syn(flows)
+			for _, c := range first {
+				if want := mustPick(t, svc, c.flow); c.backend != want {
+					t.Fatalf("SYN %+v went to %s, want the table's choice %s", c.flow, c.backend, want)
+				}
+			}
+			n0 := e.conntrackEntries(t)
+
+			svc = dsrService("web", fam.vip, 80, lb.TCP, b[0], b[1], b[2])
+			e.reconcile(t, svc)
+			if m := moved(t, svc, first); len(m) == 0 {
+				t.Fatalf("no handshake's slot moved to %s: pick more flows", b[2])
+			}
+			for i, c := range syn(flows) {
+				if c.backend != first[i].backend {
+					t.Errorf("retransmitted SYN %+v went to %s, its first SYN to %s", c.flow, c.backend, first[i].backend)
+				}
+			}
+			e.expectSticky(t, svc, first)
+			if n := e.conntrackEntries(t); n != n0+len(flows) {
+				t.Errorf("first ACKs left %d connection entries (from %d), want one per flow", n, n0)
+			}
+			e.expectSticky(t, svc, first)
+
+			// b[1] leaves: its handshakes follow the new table, the others
+			// stay.
+			others := randomFlows(svc.Frontend, 64, 6)
+			pending := syn(others)
+			svc = dsrService("web", fam.vip, 80, lb.TCP, b[0], b[2])
+			e.reconcile(t, svc)
+			orphaned := 0
+			for i, c := range e.send(t, svc, others) {
+				want := pending[i].backend
+				if want == b[1] {
+					want = mustPick(t, svc, c.flow)
+					orphaned++
+				}
+				if c.backend != want {
+					t.Errorf("first ACK %+v went to %s, want %s (its SYN went to %s)", c.flow, c.backend, want, pending[i].backend)
+				}
+			}
+			if orphaned == 0 {
+				t.Fatalf("no handshake was on %s: pick more flows", b[1])
+			}
+		})
+	}
+}
+
 // TestConntrackDraining checks that a draining backend keeps its
 // established flows and gets no new ones.
 func TestConntrackDraining(t *testing.T) {

@@ -279,8 +279,19 @@ func sizedSpec(cfg Config) (*ebpf.CollectionSpec, int, error) {
 	// a multiple of the CPU count; ask for that size, or a restarted
 	// daemon would find its own pinned map "incompatible".
 	spec.Maps[bpf.LbMapAffinity].MaxEntries = perCPURound(cfg.AffinityMax, cpus)
+	spec.Maps[bpf.LbMapHandshakes].MaxEntries = perCPURound(handshakeMax(cfg.ConntrackMax), cpus)
 	pinRenamed(spec)
 	return spec, cpus, nil
+}
+
+// handshakeMax is the capacity of the handshakes table (TCP flows between
+// their SYN and their first ACK, bpf/include/maps.h): a sixteenth of the
+// connection table's, at least 1024. A handshake lasts a round trip, so
+// even a SYN flood leaves a client's entry there for a while: 65536 entries
+// (the default connection table's sixteenth) outlast a round trip of 100 ms
+// at 650,000 spoofed SYNs a second.
+func handshakeMax(conntrackMax uint32) uint32 {
+	return max(conntrackMax/16, 1024)
 }
 
 // newCollection loads spec, pinning its maps under pinPath (creating it and

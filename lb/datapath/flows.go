@@ -268,25 +268,17 @@ type FlushResult struct {
 // entry (a draining backend, a changed table) moves to the table's choice,
 // which resets a TCP connection it does not know.
 func (d *LB) FlushFlows(f FlowFilter) (FlushResult, error) {
-	var (
-		res  FlushResult
-		keys []bpf.LbFlowKey
-	)
-	err := walk(d.conntrack, func(k *bpf.LbFlowKey, v *bpf.LbCtValue) bool {
-		if f.match(v.SvcId, v.BackendId) {
-			keys = append(keys, *k)
-		}
-		return true
-	})
+	var res FlushResult
+	n, err := flushEntries(d.conntrack, f)
+	res.Flows = n
 	if err != nil {
-		return res, err
+		return res, fmt.Errorf("delete connection-table entry: %w", err)
 	}
-	for i := range keys {
-		if err := d.conntrack.Delete(&keys[i]); err == nil {
-			res.Flows++
-		} else if !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return res, fmt.Errorf("delete connection-table entry: %w", err)
-		}
+	// The SYNs' choices too, or a flushed flow's next packet would find
+	// its backend there. Not counted: an established flow's handshake
+	// entry lingers until the LRU needs its room.
+	if _, err := flushEntries(d.coll.Maps[bpf.LbMapHandshakes], f); err != nil {
+		return res, fmt.Errorf("delete handshakes entry: %w", err)
 	}
 	for _, pair := range []struct{ fwd, rev *ebpf.Map }{
 		{d.snatFwd, d.snatRev},
@@ -299,6 +291,30 @@ func (d *LB) FlushFlows(f FlowFilter) (FlushResult, error) {
 		}
 	}
 	return res, nil
+}
+
+// flushEntries deletes the entries of a table of struct ct_value (the
+// connection table, handshakes) that f matches and returns how many.
+func flushEntries(m *ebpf.Map, f FlowFilter) (int, error) {
+	var keys []bpf.LbFlowKey
+	err := walk(m, func(k *bpf.LbFlowKey, v *bpf.LbCtValue) bool {
+		if f.match(v.SvcId, v.BackendId) {
+			keys = append(keys, *k)
+		}
+		return true
+	})
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for i := range keys {
+		if err := m.Delete(&keys[i]); err == nil {
+			n++
+		} else if !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return n, err
+		}
+	}
+	return n, nil
 }
 
 // flushBindings deletes the bindings of one forward/reverse table pair
