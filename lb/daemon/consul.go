@@ -41,14 +41,10 @@ func (d *Daemon) reloadConsul(cfg *config.Config) (commit func(), err error) {
 		if cur == nil {
 			return func() {}, nil
 		}
-		return func() {
+		return d.turnOff(consul.SourceName, "Consul", func() {
 			cur.stop()
 			d.consulRun.Store(nil)
-			d.dropSnapshots(consul.SourceName)
-			d.merger.Remove(consul.SourceName)
-			d.forgetLastGood(consul.SourceName)
-			d.log.Info("Consul source turned off")
-		}, nil
+		}), nil
 	}
 	if cur != nil && reflect.DeepEqual(cur.cfg, *cfg.Consul) && cur.defs == cfg.Defaults() && cur.token == tokenHash(cfg.Consul.TokenFile) {
 		return func() {}, nil

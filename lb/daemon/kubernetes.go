@@ -33,14 +33,10 @@ func (d *Daemon) reloadKubernetes(cfg *config.Config) (commit func(), err error)
 		if cur == nil {
 			return func() {}, nil
 		}
-		return func() {
+		return d.turnOff(kubernetes.SourceName, "Kubernetes", func() {
 			cur.stop()
 			d.kubeRun.Store(nil)
-			d.dropSnapshots(kubernetes.SourceName)
-			d.merger.Remove(kubernetes.SourceName)
-			d.forgetLastGood(kubernetes.SourceName)
-			d.log.Info("Kubernetes source turned off")
-		}, nil
+		}), nil
 	}
 	if cur != nil && reflect.DeepEqual(cur.cfg, *cfg.Kubernetes) && cur.defs == cfg.Defaults() && cur.kc == tokenHash(cfg.Kubernetes.Kubeconfig) {
 		return func() {}, nil

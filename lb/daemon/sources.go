@@ -187,3 +187,16 @@ func (d *Daemon) discoveryStatus() []api.SourceStatus {
 	}
 	return out
 }
+
+// turnOff is the commit of a reload that removes discovery source name
+// (title in the log): stop it, then forget its services, its snapshots
+// and its last-good copy, so that nothing it served outlives it.
+func (d *Daemon) turnOff(name, title string, stop func()) func() {
+	return func() {
+		stop()
+		d.dropSnapshots(name)
+		d.merger.Remove(name)
+		d.forgetLastGood(name)
+		d.log.Info(title + " source turned off")
+	}
+}
