@@ -172,7 +172,7 @@ func conntrackCmd(g *globals) *cobra.Command {
 			return nil
 		},
 	})
-	var service, backend string
+	var q api.FlowQuery
 	list := &cobra.Command{
 		Use:   "list",
 		Short: "list the connection table's flows: client, VIP, backend, protocol, state, age (like ipvsadm -Lnc)",
@@ -181,26 +181,37 @@ func conntrackCmd(g *globals) *cobra.Command {
 syn_sent or closing (SNAT flows, from their binding), idle (TCP not seen
 within datapath.snat_timeouts.tcp) or udp. AGE is the time since the
 flow's latest client packet. SNAT is the source the flow's binding uses
-towards the backend.`,
+towards the backend.
+
+At most --limit flows are listed (0: all); the daemon counts the rest, and a
+line on stderr says how many matched (-o json: field "matched"). A full table of a million flows is a
+few hundred MB of text.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if backend != "" {
-				if _, err := netip.ParseAddrPort(backend); err != nil {
-					return &exitError{code: 2, err: fmt.Errorf("--backend %q: want ip:port (IPv6 as [addr]:port)", backend)}
+			if q.Backend != "" {
+				if _, err := netip.ParseAddrPort(q.Backend); err != nil {
+					return &exitError{code: 2, err: fmt.Errorf("--backend %q: want ip:port (IPv6 as [addr]:port)", q.Backend)}
 				}
 			}
-			flows, err := api.NewClient(g.socket).Flows(cmd.Context(), service, backend)
+			if q.Limit < 0 {
+				return &exitError{code: 2, err: fmt.Errorf("--limit %d: want a number of flows, 0 for all", q.Limit)}
+			}
+			fl, err := api.NewClient(g.socket).Flows(cmd.Context(), q)
 			if err != nil {
 				return err
 			}
 			if g.output == "json" {
-				return writeJSON(cmd.OutOrStdout(), flows)
+				return writeJSON(cmd.OutOrStdout(), fl) // "matched" says it
 			}
-			return printFlows(cmd.OutOrStdout(), flows)
+			if len(fl.Flows) < fl.Matched {
+				fmt.Fprintf(cmd.ErrOrStderr(), "listed %d of %d matching flows; --limit 0 lists all\n", len(fl.Flows), fl.Matched)
+			}
+			return printFlows(cmd.OutOrStdout(), fl.Flows)
 		},
 	}
-	list.Flags().StringVar(&service, "service", "", "only this service's flows")
-	list.Flags().StringVar(&backend, "backend", "", "only this backend's flows (ip:port; of every service that has it)")
+	list.Flags().StringVar(&q.Service, "service", "", "only this service's flows")
+	list.Flags().StringVar(&q.Backend, "backend", "", "only this backend's flows (ip:port; of every service that has it)")
+	list.Flags().IntVar(&q.Limit, "limit", 1000, "list at most this many flows (0: all)")
 	cmd.AddCommand(list, flushCmd(g))
 	return cmd
 }

@@ -24,7 +24,7 @@ type inspectProvider struct {
 	api.Provider
 	mu      sync.Mutex
 	flushed []api.FlushRequest
-	asked   [][2]string
+	asked   []api.FlowQuery
 }
 
 var inspectServices = []api.Service{{
@@ -52,11 +52,15 @@ func (p *inspectProvider) Status() api.Status {
 
 func (p *inspectProvider) Services() []api.Service { return inspectServices }
 
-func (p *inspectProvider) Flows(service, backend string) ([]api.Flow, error) {
+func (p *inspectProvider) Flows(q api.FlowQuery) (api.FlowList, error) {
 	p.mu.Lock()
-	p.asked = append(p.asked, [2]string{service, backend})
+	p.asked = append(p.asked, q)
 	p.mu.Unlock()
-	return inspectFlows, nil
+	fl := api.FlowList{Flows: inspectFlows, Matched: len(inspectFlows)}
+	if q.Limit > 0 && q.Limit < len(fl.Flows) {
+		fl.Flows = fl.Flows[:q.Limit]
+	}
+	return fl, nil
 }
 
 func (p *inspectProvider) Flush(_ context.Context, req api.FlushRequest) (api.FlushResult, error) {
@@ -166,12 +170,23 @@ func TestConntrackListAndFlush(t *testing.T) {
 		t.Errorf("conntrack list:\n%s\nrows %q\nwant %q", out, got, want)
 	}
 	out, _, err = run(t, "--socket", sock, "-o", "json", "conntrack", "list")
-	var flows []api.Flow
-	if err != nil || json.Unmarshal([]byte(out), &flows) != nil || len(flows) != 2 || flows[1].SNAT != "10.0.0.1:20000" || !flows[0].Active {
+	var fl api.FlowList
+	if err != nil || json.Unmarshal([]byte(out), &fl) != nil || len(fl.Flows) != 2 || fl.Matched != 2 ||
+		fl.Flows[1].SNAT != "10.0.0.1:20000" || !fl.Flows[0].Active {
 		t.Errorf("conntrack list -o json: %v\n%s", err, out)
 	}
-	if fmt.Sprint(p.asked) != fmt.Sprint([][2]string{{"web", "10.1.0.11:80"}, {"", ""}}) {
-		t.Errorf("the daemon was asked for %q", p.asked)
+	// A listing cut short by --limit says so, on stderr.
+	out, errOut, err := run(t, "--socket", sock, "conntrack", "list", "--limit", "1")
+	if err != nil || len(rows(out)) != 2 || errOut != "listed 1 of 2 matching flows; --limit 0 lists all\n" {
+		t.Errorf("conntrack list --limit 1: %v\n%s\nstderr %q", err, out, errOut)
+	}
+	_, errOut, err = run(t, "--socket", sock, "conntrack", "list", "--limit", "0")
+	if err != nil || errOut != "" {
+		t.Errorf("conntrack list --limit 0: %v, stderr %q", err, errOut)
+	}
+	want2 := []api.FlowQuery{{Service: "web", Backend: "10.1.0.11:80", Limit: 1000}, {Limit: 1000}, {Limit: 1}, {}}
+	if fmt.Sprint(p.asked) != fmt.Sprint(want2) {
+		t.Errorf("the daemon was asked for %+v, want %+v", p.asked, want2)
 	}
 
 	// A flush names what it flushes.
@@ -180,6 +195,7 @@ func TestConntrackListAndFlush(t *testing.T) {
 		{"conntrack", "flush", "--all", "--backend", "10.1.0.11:80"},
 		{"conntrack", "flush", "--backend", "10.1.0.11"},
 		{"conntrack", "list", "--backend", "nonsense"},
+		{"conntrack", "list", "--limit", "-1"},
 	} {
 		_, _, err := run(t, append([]string{"--socket", sock}, args...)...)
 		if err == nil || exitCode(err) != 2 {

@@ -245,6 +245,24 @@ type Flow struct {
 	SNAT string `json:"snat,omitempty"`
 }
 
+// FlowQuery selects the flows GET /v1/conntrack/flows lists: those of
+// Service and/or Backend (ip:port) when not empty, at most Limit of them
+// (0: all).
+type FlowQuery struct {
+	Service string
+	Backend string
+	Limit   int
+}
+
+// FlowList is what GET /v1/conntrack/flows answers: the flows (at most the
+// query's limit) and how many entries the query matched in all, so that a
+// listing cut short says so. Only the listed flows are held in memory, on
+// either side: a full table is counted, not copied.
+type FlowList struct {
+	Flows   []Flow `json:"flows"`
+	Matched int    `json:"matched"`
+}
+
 // FlushRequest selects the flows POST /v1/conntrack/flush deletes: those of
 // Backend (ip:port; of Service only, when set), those of Service, or with
 // All every flow. An empty request is refused.

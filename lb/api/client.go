@@ -14,6 +14,7 @@ import (
 	"net/netip"
 	"net/url"
 	"os"
+	"strconv"
 	"time"
 )
 
@@ -155,17 +156,19 @@ func (c *Client) Fleet(ctx context.Context) (Fleet, error) {
 	return f, c.get(ctx, "/fleet", &f)
 }
 
-// Flows lists the connection table's entries, of one service and/or
-// backend (ip:port) when not empty.
-func (c *Client) Flows(ctx context.Context, service, backend string) ([]Flow, error) {
+// Flows lists the connection table's entries fq selects.
+func (c *Client) Flows(ctx context.Context, fq FlowQuery) (FlowList, error) {
 	q := url.Values{}
-	if service != "" {
-		q.Set("service", service)
+	if fq.Service != "" {
+		q.Set("service", fq.Service)
 	}
-	if backend != "" {
-		q.Set("backend", backend)
+	if fq.Backend != "" {
+		q.Set("backend", fq.Backend)
 	}
-	var fl []Flow
+	if fq.Limit > 0 {
+		q.Set("limit", strconv.Itoa(fq.Limit))
+	}
+	var fl FlowList
 	return fl, c.get(ctx, "/conntrack/flows?"+q.Encode(), &fl)
 }
 

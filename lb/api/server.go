@@ -13,6 +13,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strconv"
 	"time"
 )
 
@@ -21,9 +22,8 @@ type Provider interface {
 	Status() Status
 	Services() []Service
 	Conntrack() (Conntrack, error)
-	// Flows lists the connection table's entries, of one service and/or
-	// backend (ip:port) when not empty.
-	Flows(service, backend string) ([]Flow, error)
+	// Flows lists the connection table's entries q selects.
+	Flows(q FlowQuery) (FlowList, error)
 	// Flush deletes the flows req selects and their SNAT bindings.
 	Flush(ctx context.Context, req FlushRequest) (FlushResult, error)
 	// Maglev returns the service's programmed table.
@@ -164,7 +164,16 @@ func NewServer(p Provider, log *slog.Logger) *Server {
 	})
 	s.mux.HandleFunc("GET "+Version+"/conntrack/flows", func(w http.ResponseWriter, r *http.Request) {
 		q := r.URL.Query()
-		fl, err := s.p.Flows(q.Get("service"), q.Get("backend"))
+		fq := FlowQuery{Service: q.Get("service"), Backend: q.Get("backend")}
+		if l := q.Get("limit"); l != "" {
+			n, err := strconv.Atoi(l)
+			if err != nil || n < 0 {
+				writeError(w, fmt.Errorf("limit %q: want a number of flows, 0 for all: %w", l, ErrInvalid))
+				return
+			}
+			fq.Limit = n
+		}
+		fl, err := s.p.Flows(fq)
 		if err != nil {
 			writeError(w, err)
 			return

@@ -81,18 +81,22 @@ func flowFilter(v *view, service, backend string) (datapath.FlowFilter, error) {
 }
 
 // Flows implements api.Provider.
-func (d *Daemon) Flows(service, backend string) ([]api.Flow, error) {
+func (d *Daemon) Flows(q api.FlowQuery) (api.FlowList, error) {
+	out := api.FlowList{Flows: []api.Flow{}}
 	if d.dp == nil {
-		return nil, errors.New("datapath not loaded")
+		return out, errors.New("datapath not loaded")
 	}
 	v := d.view.Load()
-	f, err := flowFilter(v, service, backend)
+	f, err := flowFilter(v, q.Service, q.Backend)
 	if err != nil {
-		return nil, err
+		return out, err
 	}
 	names := namesOf(v)
-	out := []api.Flow{}
 	err = d.dp.Flows(f, func(fl datapath.Flow) bool {
+		out.Matched++
+		if q.Limit > 0 && len(out.Flows) >= q.Limit {
+			return true // counted, not listed
+		}
 		af := api.Flow{
 			Proto:      fl.Frontend.Proto.String(),
 			Client:     fl.Client.String(),
@@ -109,7 +113,7 @@ func (d *Daemon) Flows(service, backend string) ([]api.Flow, error) {
 		if fl.SNAT.IsValid() {
 			af.SNAT = fl.SNAT.String()
 		}
-		out = append(out, af)
+		out.Flows = append(out.Flows, af)
 		return true
 	})
 	return out, err

@@ -77,12 +77,13 @@ func TestInspection(t *testing.T) {
 	other := backendAddr(map[string]string{"be1": "be2", "be2": "be1"}[conn.Backend], 8080)
 
 	// conntrack list: the connection, on its backend, established.
-	var flows []api.Flow
+	var fl api.FlowList
 	out, err = l4lbctl(t, d.Socket, "-o", "json", "conntrack", "list", "--service", "web")
-	if err != nil || json.Unmarshal([]byte(out), &flows) != nil {
+	if err != nil || json.Unmarshal([]byte(out), &fl) != nil {
 		t.Fatalf("conntrack list: %v\n%s", err, out)
 	}
-	if len(flows) != 1 || flows[0].Client != client.String() || flows[0].VIP != "10.200.3.10:80" || flows[0].Backend != backend ||
+	flows := fl.Flows
+	if fl.Matched != 1 || len(flows) != 1 || flows[0].Client != client.String() || flows[0].VIP != "10.200.3.10:80" || flows[0].Backend != backend ||
 		flows[0].State != "established" || !flows[0].Active || flows[0].Proto != "tcp" || flows[0].SNAT == "" {
 		t.Errorf("conntrack list shows %+v, want the connection from %s on %s, established, with its SNAT source", flows, client, backend)
 	}
@@ -126,7 +127,7 @@ func TestInspection(t *testing.T) {
 		t.Fatalf("flush --backend %s: %v\n%s", backend, err, out)
 	}
 	out, err = l4lbctl(t, d.Socket, "-o", "json", "conntrack", "list", "--backend", backend)
-	if err != nil || json.Unmarshal([]byte(out), &flows) != nil || len(flows) != 0 {
+	if err != nil || json.Unmarshal([]byte(out), &fl) != nil || len(fl.Flows) != 0 || fl.Matched != 0 {
 		t.Errorf("after the flush, conntrack list --backend %s: %v\n%s", backend, err, out)
 	}
 	// Its next packet is balanced again, to the other backend, which
@@ -138,6 +139,22 @@ func TestInspection(t *testing.T) {
 		out, err := l4lbctl(t, d.Socket, "service", "list", "--backends")
 		return err == nil && regexp.MustCompile(`(?m)^\s+-> `+regexp.QuoteMeta(backend)+`\s+draining \(override\)\s+\S+\s+1\s+0\s+0\s+`).MatchString(out), out
 	})
+
+	// --limit lists that many and counts the rest.
+	for i := range 3 {
+		c, err := tp.Client.DialTCP(0, netip.AddrPortFrom(vip, 80))
+		if err != nil {
+			t.Fatalf("connection %d: %v", i, err)
+		}
+		t.Cleanup(c.Abort)
+		if err := c.Echo("hello"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out, err = l4lbctl(t, d.Socket, "-o", "json", "conntrack", "list", "--limit", "2")
+	if err != nil || json.Unmarshal([]byte(out), &fl) != nil || len(fl.Flows) != 2 || fl.Matched < 3 {
+		t.Errorf("conntrack list --limit 2 with 3 connections or more: %v\n%s", err, out)
+	}
 }
 
 // waitFor polls cond until it holds, for at most 15 seconds (counts may be
