@@ -10,6 +10,6 @@
 // that regenerating changes nothing. Only lb/datapath imports this package.
 package bpf
 
-//go:generate go tool bpf2go -cc clang-19 -strip llvm-strip-19 -target bpfel -cflags "$BPF_CFLAGS" -type svc_key -type svc_value -type backend -type flow_key -type ct_value -type lb_stats -type reason_stats -type l4lb_reason -type l4lb_mode -type l4lb_dispatch -type l4lb_svc_flags -type l4lb_backend_flags -type snat_fwd_value -type snat_rev_key -type snat_rev_value -type snat_work -type l4lb_snat_state -type affinity_key -type affinity_value -type src_range_key -type icmp_bucket -type nexthop -type backend_route -type l4lb_event -type walk Lb lb.c
+//go:generate go tool bpf2go -cc clang-19 -strip llvm-strip-19 -target bpfel -cflags "$BPF_CFLAGS" -type svc_key -type svc_value -type backend -type flow_key -type ct_value -type handshake -type handshake_bucket -type lb_stats -type reason_stats -type l4lb_reason -type l4lb_mode -type l4lb_dispatch -type l4lb_svc_flags -type l4lb_backend_flags -type snat_fwd_value -type snat_rev_key -type snat_rev_value -type snat_work -type l4lb_snat_state -type affinity_key -type affinity_value -type src_range_key -type icmp_bucket -type nexthop -type backend_route -type l4lb_event -type walk Lb lb.c
 //go:generate go tool bpf2go -cc clang-19 -strip llvm-strip-19 -target bpfel -cflags "$BPF_CFLAGS" -type l4lb_backend_reason -type opt_flow_key -type opt_flow_value Backend backend.c
 //go:generate go tool bpf2go -cc clang-19 -strip llvm-strip-19 -target bpfel -cflags "$BPF_CFLAGS" Floor floor.c

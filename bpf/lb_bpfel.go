@@ -62,6 +62,18 @@ type LbFlowKey struct {
 	Pad   [3]uint8
 }
 
+type LbHandshake struct {
+	_         structs.HostLayout
+	Hash      uint64
+	BackendId uint32
+	SvcId     uint32
+}
+
+type LbHandshakeBucket struct {
+	_   structs.HostLayout
+	Way [2]LbHandshake
+}
+
 type LbIcmpBucket struct {
 	_   structs.HostLayout
 	Tat uint64
@@ -299,6 +311,7 @@ const (
 	LbVarCfgEncapSrc6         = "cfg_encap_src6"
 	LbVarCfgEncapSrc6HostMask = "cfg_encap_src6_host_mask"
 	LbVarCfgEncapTtl          = "cfg_encap_ttl"
+	LbVarCfgHandshakeMask     = "cfg_handshake_mask"
 	LbVarCfgHcMark            = "cfg_hc_mark"
 	LbVarCfgHcMarkMask        = "cfg_hc_mark_mask"
 	LbVarCfgIcmpBurstNs       = "cfg_icmp_burst_ns"
@@ -405,6 +418,7 @@ type LbVariableSpecs struct {
 	CfgEncapSrc6         *ebpf.VariableSpec `ebpf:"cfg_encap_src6"`
 	CfgEncapSrc6HostMask *ebpf.VariableSpec `ebpf:"cfg_encap_src6_host_mask"`
 	CfgEncapTtl          *ebpf.VariableSpec `ebpf:"cfg_encap_ttl"`
+	CfgHandshakeMask     *ebpf.VariableSpec `ebpf:"cfg_handshake_mask"`
 	CfgHcMark            *ebpf.VariableSpec `ebpf:"cfg_hc_mark"`
 	CfgHcMarkMask        *ebpf.VariableSpec `ebpf:"cfg_hc_mark_mask"`
 	CfgIcmpBurstNs       *ebpf.VariableSpec `ebpf:"cfg_icmp_burst_ns"`
@@ -509,6 +523,7 @@ type LbVariables struct {
 	CfgEncapSrc6         *ebpf.Variable `ebpf:"cfg_encap_src6"`
 	CfgEncapSrc6HostMask *ebpf.Variable `ebpf:"cfg_encap_src6_host_mask"`
 	CfgEncapTtl          *ebpf.Variable `ebpf:"cfg_encap_ttl"`
+	CfgHandshakeMask     *ebpf.Variable `ebpf:"cfg_handshake_mask"`
 	CfgHcMark            *ebpf.Variable `ebpf:"cfg_hc_mark"`
 	CfgHcMarkMask        *ebpf.Variable `ebpf:"cfg_hc_mark_mask"`
 	CfgIcmpBurstNs       *ebpf.Variable `ebpf:"cfg_icmp_burst_ns"`

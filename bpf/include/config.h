@@ -85,4 +85,7 @@ volatile const __u64 cfg_insert_burst_ns = 0;
 /* Words of the vip_filter map minus one (a power of two minus one). */
 volatile const __u32 cfg_vip_filter_mask = 0;
 
+/* Buckets of the handshakes map minus one (a power of two minus one). */
+volatile const __u32 cfg_handshake_mask = 0;
+
 #endif

@@ -11,9 +11,9 @@
  * SYN-flood resistance: a TCP SYN never creates an entry. The flow is balanced
  * (Maglev gives the same answer for the same 5-tuple) and the entry is
  * created by the first packet without SYN, which a spoofed source never
- * sends. What the SYN chose is kept in the handshakes table (maps.h), which a
- * SYN flood can churn but which holds no established flow, so the first ACK
- * follows its SYN even when the Maglev table changed in between. A flood of spoofed SYNs therefore cannot evict established
+ * sends. What the SYN chose is kept in the handshakes slots (maps.h), which a
+ * SYN flood can overwrite but which hold no established flow, so the first
+ * ACK follows its SYN even when the Maglev table changed in between. A flood of spoofed SYNs therefore cannot evict established
  * flows from the LRU. A flood of packets without SYN (an ACK or UDP flood)
  * would: above datapath.flow_insert_rate new entries per second per CPU, a
  * new flow is forwarded by Maglev alone and not recorded.
@@ -106,7 +106,7 @@ static __always_inline int select_backend(struct packet *p, const struct svc_val
 {
 	__u64 now = bpf_ktime_get_coarse_ns();
 	__u32 word = svc_word_of(svc->id);
-	int syn_known = 0;
+	struct handshake_bucket *hb = NULL;
 	__u64 hash;
 	__u32 id;
 
@@ -152,16 +152,21 @@ static __always_inline int select_backend(struct packet *p, const struct svc_val
 	/* A DSR handshake in flight: the SYN's choice, for its retransmits
 	 * and for the first packet without SYN (which records it below). */
 	if (!ct && p->key.proto == IPPROTO_TCP && svc->mode != L4LB_MODE_SNAT) {
-		struct ct_value *hs = bpf_map_lookup_elem(&handshakes, &p->key);
+		__u32 b = (__u32)hash & cfg_handshake_mask;
+		const struct handshake *hs;
 
-		if (hs && hs->svc_id == svc->id) {
-			id = hs->backend_id;
-			sel->be = backend_of(id, svc->id);
-			if (sel->be) {
-				syn_known = 1;
-				goto chosen;
+		hb = bpf_map_lookup_elem(&handshakes, &b);
+		if (hb) {
+			hs = hb->way[0].hash == hash ? &hb->way[0] : hb->way[1].hash == hash ? &hb->way[1] : NULL;
+			if (hs && hs->svc_id == svc->id) {
+				id = hs->backend_id;
+				sel->be = backend_of(id, svc->id);
+				if (sel->be) {
+					hb = NULL; /* known: nothing to write */
+					goto chosen;
+				}
+				id = 0;
 			}
-			id = 0;
 		}
 	}
 	if (svc->flags & L4LB_SVC_AFFINITY) {
@@ -209,10 +214,20 @@ chosen:
 		else if (bpf_map_update_elem(&conntrack, &p->key, &v, BPF_ANY))
 			count_reason(L4LB_R_EVENT_CT_INSERT_FAILED, p->l3_len);
 		sel->new_flow = 1;
-	} else if (svc->mode != L4LB_MODE_SNAT && !syn_known) {
-		/* A SYN (a SNAT one makes its binding instead, snat.h). Not
-		 * rate-limited: this table holds no established flow. */
-		bpf_map_update_elem(&handshakes, &p->key, &v, BPF_ANY);
+	} else if (hb) {
+		/* A DSR SYN (a SNAT one makes its binding instead, snat.h).
+		 * Not rate-limited: the buckets hold no established flow. Its
+		 * own way if it has one (re-balanced), else the newer way,
+		 * the older one being forgotten. */
+		struct handshake *w = &hb->way[0];
+
+		if (hb->way[1].hash == hash)
+			w = &hb->way[1];
+		else if (hb->way[0].hash != hash)
+			hb->way[1] = hb->way[0];
+		w->hash = hash;
+		w->backend_id = id;
+		w->svc_id = svc->id;
 	}
 	return -1;
 }

@@ -115,22 +115,22 @@ struct {
 } conntrack SEC(".maps");
 
 /*
- * TCP handshakes in flight: a DSR flow whose SYN was balanced and which has
- * sent nothing else yet -> the backend its SYN went to (struct ct_value).
- * A SYN makes no connection entry (conntrack.h), so without this a backend
- * change between a client's SYN and its first ACK would send the ACK, by the
- * new Maglev table, to a backend that never saw the SYN and answers with a
- * reset. A table of its own, so that a SYN flood churns only it; per-CPU
- * LRU lists, so that a flood arriving on one CPU evicts only what that CPU
- * inserted (lookups still see every CPU's entries). Sized by lb/datapath
- * (handshakeMax).
+ * TCP handshakes in flight: what a DSR flow's SYN was sent to, in the
+ * bucket of its flow hash (struct handshake_bucket; cfg_handshake_mask + 1
+ * buckets, a power of two). A SYN makes no connection entry (conntrack.h), so without this a
+ * backend change between a client's SYN and its first ACK would send the
+ * ACK, by the new Maglev table, to a backend that never saw the SYN, which
+ * answers with a reset. Two-way set-associative, not an LRU: a SYN writes
+ * its bucket in place (no allocation, no lock, no eviction walk), a SYN
+ * flood overwrites buckets without touching established flows, and a way
+ * whose hash is not the packet's is simply not its flow's. Sized by
+ * lb/datapath (handshakeBuckets).
  */
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__type(key, struct flow_key);
-	__type(value, struct ct_value);
-	__uint(max_entries, 65536);
-	__uint(map_flags, BPF_F_NO_COMMON_LRU);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct handshake_bucket);
+	__uint(max_entries, 32768);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } handshakes SEC(".maps");
 

@@ -122,6 +122,26 @@ struct ct_value {
 };
 
 /*
+ * One DSR SYN's choice in the handshakes map: its full 64-bit flow hash
+ * (SipHash keyed with the secret seed, so a spoofer cannot aim at another
+ * flow's slot), the backend it went to and its service. Written without a
+ * lock: a reader racing a writer may see a mix, which names a backend of
+ * the same service at worst (both are checked).
+ */
+struct handshake {
+	__u64 hash;
+	__u32 backend_id; /* host order */
+	__u32 svc_id;     /* host order */
+};
+
+/* A bucket of the handshakes map: the two latest SYNs whose hashes fall in
+ * it, the newer first. Two ways make a collision cost a handshake only when
+ * two more SYNs fall in its bucket within its round trip. */
+struct handshake_bucket {
+	struct handshake way[2];
+};
+
+/*
  * What a service id holds, as one word (map svc_gen, indexed by service
  * id): generation << 8 | dispatch << 4 | mode. lb/datapath writes a new
  * generation whenever it writes the service's entry, and on delete keeps

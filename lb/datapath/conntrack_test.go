@@ -303,6 +303,24 @@ func TestHandshakeKeepsBackend(t *testing.T) {
 			if orphaned == 0 {
 				t.Fatalf("no handshake was on %s: pick more flows", b[1])
 			}
+
+			// A flush forgets handshakes too: after it, a first ACK goes
+			// where the table says, not where its SYN went.
+			third := randomFlows(svc.Frontend, 64, 7)
+			pending = syn(third)
+			svc = dsrService("web", fam.vip, 80, lb.TCP, b[0], b[2], b[3])
+			e.reconcile(t, svc)
+			if m := moved(t, svc, pending); len(m) == 0 {
+				t.Fatalf("no handshake's slot moved to %s: pick more flows", b[3])
+			}
+			if _, err := e.lb.FlushFlows(datapath.FlowFilter{}); err != nil {
+				t.Fatal(err)
+			}
+			for _, c := range e.send(t, svc, third) {
+				if want := mustPick(t, svc, c.flow); c.backend != want {
+					t.Errorf("after a flush, first ACK %+v went to %s, want the table's %s", c.flow, c.backend, want)
+				}
+			}
 		})
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"math/bits"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -279,19 +280,21 @@ func sizedSpec(cfg Config) (*ebpf.CollectionSpec, int, error) {
 	// a multiple of the CPU count; ask for that size, or a restarted
 	// daemon would find its own pinned map "incompatible".
 	spec.Maps[bpf.LbMapAffinity].MaxEntries = perCPURound(cfg.AffinityMax, cpus)
-	spec.Maps[bpf.LbMapHandshakes].MaxEntries = perCPURound(handshakeMax(cfg.ConntrackMax), cpus)
 	pinRenamed(spec)
 	return spec, cpus, nil
 }
 
-// handshakeMax is the capacity of the handshakes table (TCP flows between
-// their SYN and their first ACK, bpf/include/maps.h): a sixteenth of the
-// connection table's, at least 1024. A handshake lasts a round trip, so
-// even a SYN flood leaves a client's entry there for a while: 65536 entries
-// (the default connection table's sixteenth) outlast a round trip of 100 ms
-// at 650,000 spoofed SYNs a second.
-func handshakeMax(conntrackMax uint32) uint32 {
-	return max(conntrackMax/16, 1024)
+// handshakeBuckets is the size of the handshakes map (the backends of DSR
+// SYNs awaiting their first ACK, two per bucket, bpf/include/maps.h): room
+// for a sixteenth of the connection table's capacity, as a power of two,
+// at least 512 buckets. A handshake lasts a round trip and is forgotten
+// only when two more SYNs fall in its bucket meanwhile: with the default
+// 32768 buckets, 10,000 new connections a second of 100 ms round trips
+// lose one handshake in about 2,000 to a collision, and only a handshake
+// that is also caught by a backend change ever notices.
+func handshakeBuckets(conntrackMax uint32) uint32 {
+	n := max(conntrackMax/32, 512)
+	return uint32(1) << bits.Len32(n-1)
 }
 
 // newCollection loads spec, pinning its maps under pinPath (creating it and
@@ -373,6 +376,7 @@ func configure(spec *ebpf.CollectionSpec, cfg Config) error {
 	maps.Copy(vars, icmp)
 	maps.Copy(vars, insertVars(cfg.FlowInsertRate))
 	vars[bpf.LbVarCfgVipFilterMask] = filterWords(cfg.MaxServices) - 1
+	vars[bpf.LbVarCfgHandshakeMask] = handshakeBuckets(cfg.ConntrackMax) - 1
 	for name, v := range vars {
 		vs, ok := spec.Variables[name]
 		if !ok {
@@ -393,6 +397,7 @@ func configure(spec *ebpf.CollectionSpec, cfg Config) error {
 		bpf.LbMapBackendRoutes: cfg.MaxBackends + 1,
 		bpf.LbMapNexthops:      cfg.MaxBackends + 1,
 		bpf.LbMapConntrack:     cfg.ConntrackMax,
+		bpf.LbMapHandshakes:    handshakeBuckets(cfg.ConntrackMax),
 		bpf.LbMapSrcRanges:     cfg.MaxSourceRanges,
 	}
 	for name, n := range sizes {

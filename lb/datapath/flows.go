@@ -276,9 +276,9 @@ func (d *LB) FlushFlows(f FlowFilter) (FlushResult, error) {
 	}
 	// The SYNs' choices too, or a flushed flow's next packet would find
 	// its backend there. Not counted: an established flow's handshake
-	// entry lingers until the LRU needs its room.
-	if _, err := flushEntries(d.coll.Maps[bpf.LbMapHandshakes], f); err != nil {
-		return res, fmt.Errorf("delete handshakes entry: %w", err)
+	// slot lingers until another SYN takes it.
+	if err := d.flushHandshakes(f); err != nil {
+		return res, err
 	}
 	for _, pair := range []struct{ fwd, rev *ebpf.Map }{
 		{d.snatFwd, d.snatRev},
@@ -293,8 +293,8 @@ func (d *LB) FlushFlows(f FlowFilter) (FlushResult, error) {
 	return res, nil
 }
 
-// flushEntries deletes the entries of a table of struct ct_value (the
-// connection table, handshakes) that f matches and returns how many.
+// flushEntries deletes the connection-table entries f matches and returns
+// how many.
 func flushEntries(m *ebpf.Map, f FlowFilter) (int, error) {
 	var keys []bpf.LbFlowKey
 	err := walk(m, func(k *bpf.LbFlowKey, v *bpf.LbCtValue) bool {
@@ -315,6 +315,35 @@ func flushEntries(m *ebpf.Map, f FlowFilter) (int, error) {
 		}
 	}
 	return n, nil
+}
+
+// flushHandshakes clears the handshakes ways f matches. A SYN writing
+// the bucket meanwhile may lose its way: its first ACK then goes by
+// Maglev, as after a collision.
+func (d *LB) flushHandshakes(f FlowFilter) error {
+	m := d.coll.Maps[bpf.LbMapHandshakes]
+	changed := map[uint32]bpf.LbHandshakeBucket{}
+	err := walk(m, func(k *uint32, v *bpf.LbHandshakeBucket) bool {
+		hit := false
+		for i := range v.Way {
+			if w := &v.Way[i]; w.Hash != 0 && f.match(w.SvcId, w.BackendId) {
+				*w, hit = bpf.LbHandshake{}, true
+			}
+		}
+		if hit {
+			changed[*k] = *v
+		}
+		return true
+	})
+	if err != nil {
+		return err
+	}
+	for k, v := range changed {
+		if err := m.Update(k, v, ebpf.UpdateExist); err != nil {
+			return fmt.Errorf("clear handshakes bucket %d: %w", k, err)
+		}
+	}
+	return nil
 }
 
 // flushBindings deletes the bindings of one forward/reverse table pair
