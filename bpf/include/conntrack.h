@@ -11,10 +11,10 @@
  * SYN-flood resistance: a TCP SYN never creates an entry. The flow is balanced
  * (Maglev gives the same answer for the same 5-tuple) and the entry is
  * created by the first packet without SYN, which a spoofed source never
- * sends. What the SYN chose is kept in the handshakes slots (maps.h), which a
- * SYN flood can overwrite but which hold no established flow, so the first
- * ACK follows its SYN even when the Maglev table changed in between. A flood of spoofed SYNs therefore cannot evict established
- * flows from the LRU. A flood of packets without SYN (an ACK or UDP flood)
+ * sends, so a flood of spoofed SYNs cannot evict established flows from the
+ * LRU. What a DSR SYN chose is kept in the handshakes buckets (maps.h),
+ * which such a flood can overwrite but which hold no established flow: the
+ * first ACK follows its SYN even when the Maglev table changed in between. A flood of packets without SYN (an ACK or UDP flood)
  * would: above datapath.flow_insert_rate new entries per second per CPU, a
  * new flow is forwarded by Maglev alone and not recorded.
  *
