@@ -66,9 +66,11 @@ table_size = 1021
 }
 
 type dsrRig struct {
-	tp      *topo.Topology
-	lbs     []*topo.L4LBD
-	servers []*topo.Server
+	// diagnosed is set once diagnose logged the topology's state.
+	diagnosed bool
+	tp        *topo.Topology
+	lbs       []*topo.L4LBD
+	servers   []*topo.Server
 }
 
 func newDSRRig(t *testing.T) *dsrRig {
@@ -314,7 +316,8 @@ func TestDSRRemoveBackend(t *testing.T) {
 			for i, u := range udps {
 				name, err := u.Ask("after")
 				if err != nil {
-					t.Errorf("UDP flow %d: %v", i, err)
+					t.Errorf("UDP flow %d (client port %d, was on %s): %v", i, u.LocalPort(), before[i], err)
+					r.diagnose(t, u.LocalPort())
 					continue
 				}
 				switch {
@@ -338,4 +341,47 @@ func TestDSRRemoveBackend(t *testing.T) {
 			}
 		})
 	}
+}
+
+// diagnose logs, once per test, what the topology knows when a flow from
+// the client's port went unanswered: lb1's drop and pass reasons, the
+// flow's connection entry, the backends' counts, every host's neighbours
+// and lb1's log.
+func (r *dsrRig) diagnose(t *testing.T, port uint16) {
+	t.Helper()
+	if r.diagnosed {
+		return
+	}
+	r.diagnosed = true
+	ctx := context.Background()
+	st, err := r.lbs[0].API().Status(ctx)
+	if err != nil {
+		t.Logf("diagnose: status: %v", err)
+		return
+	}
+	for _, rs := range st.Reasons {
+		if rs.Packets > 0 {
+			t.Logf("diagnose: reason %s: %d packets", rs.Name, rs.Packets)
+		}
+	}
+	fl, err := r.lbs[0].API().Flows(ctx, api.FlowQuery{})
+	if err != nil {
+		t.Logf("diagnose: flows: %v", err)
+		return
+	}
+	suffix := fmt.Sprintf(":%d", port)
+	for _, f := range fl.Flows {
+		if strings.HasSuffix(f.Client, suffix) {
+			t.Logf("diagnose: flow %+v", f)
+		}
+	}
+	for _, s := range r.servers {
+		t.Logf("diagnose: %s accepted %d, datagrams %d", s.Name, s.Accepted.Load(), s.Datagram.Load())
+	}
+	for _, h := range append([]*topo.Host{r.tp.Client, r.tp.LBs[0]}, r.tp.Backends...) {
+		out, _ := h.NS.Command("ip", "-6", "neigh").CombinedOutput()
+		out4, _ := h.NS.Command("ip", "-4", "neigh").CombinedOutput()
+		t.Logf("diagnose: %s neighbours:\n%s%s", h.Name, out, out4)
+	}
+	t.Logf("diagnose: lb1 log:\n%s", r.lbs[0].Log())
 }

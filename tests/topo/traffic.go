@@ -4,7 +4,6 @@ package topo
 
 import (
 	"bufio"
-	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -219,16 +218,13 @@ func (h *Host) DialUDP(localPort uint16, dst netip.AddrPort) (*UDPFlow, error) {
 	if dst.Addr().Is6() {
 		src = h.Addr6
 	}
+	// No SO_REUSEADDR: UDP has no TIME_WAIT to get past, and with it
+	// Linux may give an ephemeral bind a port another such socket
+	// already holds, so two flows would share one 5-tuple and one would
+	// read the other's answers.
 	err := h.NS.Do(func() error {
-		lc := net.ListenConfig{Control: func(_, _ string, rc syscall.RawConn) error {
-			var serr error
-			err := rc.Control(func(fd uintptr) {
-				serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_REUSEADDR, 1)
-			})
-			return errors.Join(err, serr)
-		}}
 		var err error
-		pc, err = lc.ListenPacket(context.Background(), "udp", netip.AddrPortFrom(src, localPort).String())
+		pc, err = net.ListenPacket("udp", netip.AddrPortFrom(src, localPort).String())
 		return err
 	})
 	if err != nil {
