@@ -458,7 +458,8 @@ static __always_inline int lb_process(const struct hook *h, struct icmp_todo *to
 				return hook_pass(h);
 			}
 			ct_touch(ct, bpf_ktime_get_coarse_ns());
-			sel.backend_id = ct->backend_id;
+			ct_track_close(ct, p);
+			sel.backend_id = L4LB_CT_ID(ct->backend_id);
 			sel.hash = ct->hash;
 			sel.new_flow = 0;
 			goto forward;

@@ -75,7 +75,31 @@ static __always_inline const struct backend *ct_established(const struct ct_valu
 	if (w != ct->svc_word || !L4LB_WORD_MODE(w))
 		return NULL;
 	*word = w;
-	return backend_of(ct->backend_id, ct->svc_id);
+	return backend_of(L4LB_CT_ID(ct->backend_id), ct->svc_id);
+}
+
+/* L4LB_CT_CLOSING as packet p leaves it: set by a client's FIN or RST,
+ * cleared by a SYN (the tuple reused for a new connection). */
+static __always_inline __u32 ct_closing_after(__u32 backend_id, const struct packet *p)
+{
+	if (p->key.proto != IPPROTO_TCP)
+		return 0;
+	if (p->tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST))
+		return L4LB_CT_CLOSING;
+	if (p->tcp_flags & TCP_FLAG_SYN)
+		return 0;
+	return backend_id & L4LB_CT_CLOSING;
+}
+
+/* Keep an entry's L4LB_CT_CLOSING current: one write when it changes,
+ * none on the packets between. */
+static __always_inline void ct_track_close(struct ct_value *ct, const struct packet *p)
+{
+	__u32 id = ct->backend_id;
+	__u32 closing = ct_closing_after(id, p);
+
+	if ((id & L4LB_CT_CLOSING) != closing)
+		ct->backend_id = L4LB_CT_ID(id) | closing;
 }
 
 /* Refresh an entry's last_seen (at most once a second, see CT_REFRESH_NS). */
@@ -112,11 +136,12 @@ static __always_inline int select_backend(struct packet *p, const struct svc_val
 
 	sel->new_flow = 0;
 	if (ct && ct->svc_id == svc->id) {
-		id = ct->backend_id;
+		id = L4LB_CT_ID(ct->backend_id);
 		sel->be = backend_of(id, svc->id);
 		if (sel->be) {
 			if (update) {
 				ct_touch(ct, now);
+				ct_track_close(ct, p);
 				/* Checked against the entry: fast again. */
 				if (ct->svc_word != word)
 					ct->svc_word = word;
@@ -191,7 +216,7 @@ chosen:
 		return -1;
 
 	struct ct_value v = {
-		.backend_id = id,
+		.backend_id = id | ct_closing_after(0, p),
 		.svc_id = svc->id,
 		.last_seen = now,
 		.hash = (__u32)hash,

@@ -63,7 +63,9 @@ static __always_inline void svc_key_of(struct svc_key *sk, const struct flow_key
 	sk->pad = 0;
 }
 
+#define TCP_FLAG_FIN 0x01
 #define TCP_FLAG_SYN 0x02
+#define TCP_FLAG_RST 0x04
 #define TCP_FLAG_ACK 0x10
 
 /*

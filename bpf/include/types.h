@@ -110,8 +110,19 @@ struct flow_key {
 } __attribute__((aligned(8)));
 
 /* Value of the conntrack table. */
+/*
+ * A flag in the top bit of ct_value.backend_id (backend ids stay below
+ * 2^24; lb/datapath's ctClosing mirrors it). L4LB_CT_CLOSING: the client
+ * sent a FIN or RST on this TCP flow and no SYN since. It changes no
+ * forwarding; it is what lets the control plane count a DSR connection
+ * inactive once it ends (the LB never sees the backend's half). Entries of
+ * an earlier l4lb have it clear.
+ */
+#define L4LB_CT_CLOSING 0x80000000u
+#define L4LB_CT_ID(v) ((v) & ~L4LB_CT_CLOSING)
+
 struct ct_value {
-	__u32 backend_id; /* host order */
+	__u32 backend_id; /* host order; L4LB_CT_CLOSING in its top bit */
 	__u32 svc_id;     /* service the flow was balanced in; host order */
 	__u64 last_seen;  /* bpf_ktime_get_coarse_ns() of the latest packet, refreshed at most once a second */
 	__u32 hash;       /* the flow hash's low 32 bits: outer-header entropy for encapsulation */

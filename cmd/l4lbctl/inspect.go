@@ -178,7 +178,8 @@ func conntrackCmd(g *globals) *cobra.Command {
 		Short: "list the connection table's flows: client, VIP, backend, protocol, state, age (like ipvsadm -Lnc)",
 		Long: `Lists the flows of the connection table, of one service and/or backend
 (ip:port) when given. STATE is established (the only active state),
-syn_sent or closing (SNAT flows, from their binding), idle (TCP not seen
+syn_sent or closing (SNAT flows, from their binding; closing also for a
+DSR flow whose client sent a FIN or RST), idle (TCP not seen
 within datapath.snat_timeouts.tcp) or udp. AGE is the time since the
 flow's latest client packet. SNAT is the source the flow's binding uses
 towards the backend.

@@ -17,21 +17,24 @@ import (
 )
 
 // FlowState is what the control plane can tell about one connection-table
-// entry. An entry records the backend and when the flow was last seen; the
-// TCP state is known only where the LB sees both directions, from the SNAT
-// binding of a SNAT flow.
+// entry. An entry records the backend, when the flow was last seen and
+// whether the client's latest segment ended the connection (a FIN or RST
+// not followed by a SYN); the full TCP state is known only where the LB
+// sees both directions, from the SNAT binding of a SNAT flow.
 type FlowState int
 
 // Flow states. Only FlowEstablished is active (see FlowState.Active).
 const (
 	// FlowEstablished is a TCP flow seen within the established timeout
 	// (datapath.snat_timeouts.tcp) whose SNAT binding, if it has one, is
-	// past the handshake and saw no FIN or RST.
+	// past the handshake and saw no FIN or RST (without one: whose client
+	// sent none).
 	FlowEstablished FlowState = iota
 	// FlowSynSent is a TCP flow whose SNAT binding saw a SYN again and no
 	// ACK yet (the client reuses its port for a new connection).
 	FlowSynSent
-	// FlowClosing is a TCP flow whose SNAT binding saw a FIN or RST.
+	// FlowClosing is a TCP flow whose SNAT binding saw a FIN or RST, or,
+	// without a binding (DSR), whose client sent one.
 	FlowClosing
 	// FlowIdle is a TCP flow not seen within the established timeout.
 	FlowIdle
@@ -161,8 +164,17 @@ func (d *LB) snatTimeout(proto uint8, state bpf.LbL4lbSnatState) time.Duration {
 	return t.TCPClosing
 }
 
-// flowState classifies one entry: see FlowState.
-func (d *LB) flowState(k *bpf.LbFlowKey, a time.Duration, b binding, bound bool) FlowState {
+// ctClosing is L4LB_CT_CLOSING (bpf/include/types.h): the top bit of an
+// entry's backend id, set while the client's latest FIN or RST is not
+// followed by a SYN.
+const ctClosing = 1 << 31
+
+// ctBackend is the backend id of an entry, without its flag.
+func ctBackend(v *bpf.LbCtValue) uint32 { return v.BackendId &^ ctClosing }
+
+// flowState classifies one entry: see FlowState. A SNAT flow's binding
+// saw both directions and says more than the entry's flag.
+func (d *LB) flowState(k *bpf.LbFlowKey, v *bpf.LbCtValue, a time.Duration, b binding, bound bool) FlowState {
 	switch {
 	case k.Proto != uint8(lb.TCP):
 		return FlowUDP
@@ -171,6 +183,8 @@ func (d *LB) flowState(k *bpf.LbFlowKey, a time.Duration, b binding, bound bool)
 	case bound && b.state == bpf.LbL4lbSnatStateL4LB_SNAT_SYN:
 		return FlowSynSent
 	case bound && b.state == bpf.LbL4lbSnatStateL4LB_SNAT_CLOSING:
+		return FlowClosing
+	case !bound && v.BackendId&ctClosing != 0:
 		return FlowClosing
 	}
 	return FlowEstablished
@@ -189,7 +203,7 @@ func (d *LB) Flows(f FlowFilter, fn func(Flow) bool) error {
 		return err
 	}
 	return walk(d.conntrack, func(k *bpf.LbFlowKey, v *bpf.LbCtValue) bool {
-		if !f.match(v.SvcId, v.BackendId) {
+		if !f.match(v.SvcId, ctBackend(v)) {
 			return true
 		}
 		b, bound := binds[*k]
@@ -198,9 +212,9 @@ func (d *LB) Flows(f FlowFilter, fn func(Flow) bool) error {
 			Client:   netip.AddrPortFrom(netip.AddrFrom16(k.Src).Unmap(), ntohs(k.Sport)),
 			Frontend: lb.Frontend{Addr: netip.AddrFrom16(k.Dst).Unmap(), Port: ntohs(k.Dport), Proto: lb.Protocol(k.Proto)},
 			Service:  reconciler.ServiceID(v.SvcId),
-			Backend:  reconciler.BackendID(v.BackendId),
+			Backend:  reconciler.BackendID(ctBackend(v)),
 			Age:      a,
-			State:    d.flowState(k, a, b, bound),
+			State:    d.flowState(k, v, a, b, bound),
 		}
 		if bound {
 			fl.SNAT = b.snat
@@ -231,9 +245,9 @@ func (d *LB) FlowCounts(maxAge time.Duration) (map[FlowOwner]FlowCount, error) {
 	out := map[FlowOwner]FlowCount{}
 	err = walk(d.conntrack, func(k *bpf.LbFlowKey, v *bpf.LbCtValue) bool {
 		b, bound := inactive[*k]
-		o := FlowOwner{Service: reconciler.ServiceID(v.SvcId), Backend: reconciler.BackendID(v.BackendId)}
+		o := FlowOwner{Service: reconciler.ServiceID(v.SvcId), Backend: reconciler.BackendID(ctBackend(v))}
 		c := out[o]
-		if d.flowState(k, age(now, v.LastSeen), b, bound).Active() {
+		if d.flowState(k, v, age(now, v.LastSeen), b, bound).Active() {
 			c.Active++
 		} else {
 			c.Inactive++
@@ -298,7 +312,7 @@ func (d *LB) FlushFlows(f FlowFilter) (FlushResult, error) {
 func flushEntries(m *ebpf.Map, f FlowFilter) (int, error) {
 	var keys []bpf.LbFlowKey
 	err := walk(m, func(k *bpf.LbFlowKey, v *bpf.LbCtValue) bool {
-		if f.match(v.SvcId, v.BackendId) {
+		if f.match(v.SvcId, ctBackend(v)) {
 			keys = append(keys, *k)
 		}
 		return true

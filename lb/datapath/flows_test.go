@@ -142,6 +142,51 @@ func TestFlowsDSR(t *testing.T) {
 			want[o] = n
 			expectCounts(t, e.flowCounts(t), want)
 
+			// A client's FIN or RST ends a DSR connection: closing,
+			// inactive, still on its backend; a SYN reusing the tuple
+			// starts a new one.
+			for i, c := range tcp[1:3] {
+				p := packet(c.flow, false, true, nil)
+				p.FIN, p.RST = i == 0, i == 1
+				in := e.frame(t, p)
+				if got := e.checkTX(t, in, e.run(t, in)); got != c.backend {
+					t.Errorf("%s of flow %v went to %s, want its backend %s", map[int]string{0: "FIN", 1: "RST"}[i], c.flow, got, c.backend)
+				}
+				o := datapath.FlowOwner{Service: webID, Backend: webBE[c.backend]}
+				n := want[o]
+				n.Active--
+				n.Inactive++
+				want[o] = n
+			}
+			listed := e.flows(t, datapath.FlowFilter{})
+			for _, c := range tcp[1:3] {
+				if fl := listed[clientOf(c.flow)]; fl.State != datapath.FlowClosing || fl.Backend != webBE[c.backend] {
+					t.Errorf("flow %v after its client's FIN/RST: %+v, want closing on %s", c.flow, fl, c.backend)
+				}
+			}
+			expectCounts(t, e.flowCounts(t), want)
+			// The FIN's ACK keeps it closing; the tuple's next SYN and
+			// ACK make it established again.
+			e.expectSticky(t, web, tcp[1:2])
+			if fl := e.flows(t, datapath.FlowFilter{})[clientOf(tcp[1].flow)]; fl.State != datapath.FlowClosing {
+				t.Errorf("flow %v after the ACK of its FIN: %s, want closing", tcp[1].flow, fl.State)
+			}
+			reopened := tcp[2]
+			in := e.frame(t, packet(reopened.flow, true, false, nil))
+			if got := e.checkTX(t, in, e.run(t, in)); got != reopened.backend {
+				t.Errorf("SYN reusing flow %v went to %s, want its entry's %s", reopened.flow, got, reopened.backend)
+			}
+			e.expectSticky(t, web, []established{reopened})
+			if fl := e.flows(t, datapath.FlowFilter{})[clientOf(reopened.flow)]; fl.State != datapath.FlowEstablished {
+				t.Errorf("flow %v reopened by a SYN: %s, want established", reopened.flow, fl.State)
+			}
+			o = datapath.FlowOwner{Service: webID, Backend: webBE[reopened.backend]}
+			n = want[o]
+			n.Active++
+			n.Inactive--
+			want[o] = n
+			expectCounts(t, e.flowCounts(t), want)
+
 			// Drain x: its flows stay on it through their entries. A
 			// flush of x deletes exactly those; their next packets go
 			// by the table, to the other backend.

@@ -171,7 +171,7 @@ func (d *LB) ConntrackLookup(client netip.AddrPort, fe lb.Frontend) (reconciler.
 	if err := d.conntrack.Lookup(&k, &v); err != nil {
 		return 0, 0, false
 	}
-	return reconciler.BackendID(v.BackendId), reconciler.ServiceID(v.SvcId), true
+	return reconciler.BackendID(ctBackend(&v)), reconciler.ServiceID(v.SvcId), true
 }
 
 // Events returns the event counters (enum l4lb_event: things that happened
