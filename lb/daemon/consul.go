@@ -53,15 +53,11 @@ func (d *Daemon) reloadConsul(cfg *config.Config) (commit func(), err error) {
 	if err != nil {
 		return nil, err
 	}
-	return func() {
-		if cur != nil {
-			cur.stop()
-			d.log.Info("Consul settings changed; watching again")
-		}
-		r.run(r.src)
-		r.forward(d.snaps)
-		d.consulRun.Store(r)
-	}, nil
+	var old *runner
+	if cur != nil {
+		old = cur.runner
+	}
+	return d.swapIn("Consul", old, r.runner, r.src, func() { d.consulRun.Store(r) }), nil
 }
 
 func (d *Daemon) newConsul(cfg *config.Config) (*consulRun, error) {

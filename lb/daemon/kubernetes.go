@@ -45,15 +45,11 @@ func (d *Daemon) reloadKubernetes(cfg *config.Config) (commit func(), err error)
 	if err != nil {
 		return nil, err
 	}
-	return func() {
-		if cur != nil {
-			cur.stop()
-			d.log.Info("Kubernetes settings changed; watching again")
-		}
-		r.run(r.src)
-		r.forward(d.snaps)
-		d.kubeRun.Store(r)
-	}, nil
+	var old *runner
+	if cur != nil {
+		old = cur.runner
+	}
+	return d.swapIn("Kubernetes", old, r.runner, r.src, func() { d.kubeRun.Store(r) }), nil
 }
 
 func (d *Daemon) newKubernetes(cfg *config.Config) (*kubeRun, error) {

@@ -188,6 +188,23 @@ func (d *Daemon) discoveryStatus() []api.SourceStatus {
 	return out
 }
 
+// swapIn is the commit of a reload that starts discovery source src anew
+// (title in the log) on runner r: stop the one running (old, nil when
+// none), run the new one, forward its snapshots and store it. The old
+// source's services stay in the merger until the new one's first snapshot
+// replaces them.
+func (d *Daemon) swapIn(title string, old, r *runner, src discovery.Source, store func()) func() {
+	return func() {
+		if old != nil {
+			old.stop()
+			d.log.Info(title + " settings changed; watching again")
+		}
+		r.run(src)
+		r.forward(d.snaps)
+		store()
+	}
+}
+
 // turnOff is the commit of a reload that removes discovery source name
 // (title in the log): stop it, then forget its services, its snapshots
 // and its last-good copy, so that nothing it served outlives it.
