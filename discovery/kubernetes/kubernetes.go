@@ -84,6 +84,10 @@ type Options struct {
 	DrainLinger time.Duration
 	// Lease timing of the status writer's election.
 	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
+	// BoxReportGrace is how long a Service may be missing from this box's
+	// datapath, while another box holds the Lease, before this box says
+	// so in an Event (see boxReport).
+	BoxReportGrace time.Duration
 }
 
 func (o *Options) fill() {
@@ -105,6 +109,9 @@ func (o *Options) fill() {
 	}
 	if o.RenewDeadline <= 0 || o.RenewDeadline >= o.LeaseDuration {
 		o.RenewDeadline = o.LeaseDuration * 2 / 3
+	}
+	if o.BoxReportGrace <= 0 {
+		o.BoxReportGrace = DefaultBoxReportGrace
 	}
 	if o.RetryPeriod <= 0 || o.RetryPeriod >= o.RenewDeadline {
 		o.RetryPeriod = o.RenewDeadline / 5
@@ -131,6 +138,7 @@ type Source struct {
 
 	changed chan struct{} // the view changed: translate again
 	write   chan struct{} // something status depends on changed
+	boxKick chan struct{} // the same, for the box-local report
 
 	mu         sync.Mutex
 	running    bool
@@ -184,6 +192,7 @@ func New(cfg *config.Kubernetes, opts Options) (*Source, error) {
 		host:       rc.Host,
 		changed:    make(chan struct{}, 1),
 		write:      make(chan struct{}, 1),
+		boxKick:    make(chan struct{}, 1),
 		frontends:  map[key][]lb.Frontend{},
 		programmed: map[lb.Frontend]bool{},
 		linger:     lingering{},
@@ -382,9 +391,11 @@ func (s *Source) heard() {
 }
 
 func (s *Source) kickWriter() {
-	select {
-	case s.write <- struct{}{}:
-	default:
+	for _, ch := range []chan struct{}{s.write, s.boxKick} {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
 	}
 }
 

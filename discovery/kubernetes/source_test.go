@@ -77,12 +77,16 @@ type harness struct {
 
 // runSource runs a source and keeps, of its snapshots, the services of
 // namespace ns: the subtests share one cluster.
-func runSource(t *testing.T, cfg *config.Kubernetes, identity, ns string) *harness {
+func runSource(t *testing.T, cfg *config.Kubernetes, identity, ns string, tune ...func(*kubernetes.Options)) *harness {
 	t.Helper()
-	src, err := kubernetes.New(cfg, kubernetes.Options{
+	opts := kubernetes.Options{
 		Defaults: testDefaults, Log: testLog(t), Identity: identity, ProbeInterval: 500 * time.Millisecond,
 		LeaseDuration: 3 * time.Second, RenewDeadline: 2 * time.Second, RetryPeriod: 500 * time.Millisecond,
-	})
+	}
+	for _, f := range tune {
+		f(&opts)
+	}
+	src, err := kubernetes.New(cfg, opts)
 	if err != nil {
 		t.Fatalf("kubernetes.New: %v", err)
 	}
@@ -155,12 +159,15 @@ func (h *harness) waitFor(what string, ok func([]lb.Service) bool) []lb.Service 
 }
 
 // program tells the source that the datapath holds every frontend of its
-// latest snapshot, as the daemon does after a pass.
-func (h *harness) program() {
+// latest snapshot, as the daemon does after a pass; but the frontends of
+// the Services named in refused, as a datapath that refused them would.
+func (h *harness) program(refused ...string) {
 	svcs, _ := h.snapshot()
 	var fes []lb.Frontend
 	for _, s := range svcs {
-		fes = append(fes, s.Frontend)
+		if !slices.ContainsFunc(refused, func(r string) bool { return strings.HasPrefix(s.Name, r) }) {
+			fes = append(fes, s.Frontend)
+		}
 	}
 	h.src.SetProgrammed(fes)
 }
@@ -296,6 +303,7 @@ func TestAgainstAPIServer(t *testing.T) {
 	t.Run("LocalFollowsPodMove", func(t *testing.T) { testLocalFollowsPodMove(t, c, kc) })
 	t.Run("InvalidAnnotation", func(t *testing.T) { testInvalidAnnotation(t, c, kc) })
 	t.Run("OneWriter", func(t *testing.T) { testOneWriter(t, c, kc) })
+	t.Run("FollowerReportsItsDatapath", func(t *testing.T) { testFollowerReports(t, c, kc) })
 	t.Run("PropagationLatency", func(t *testing.T) { testPropagationLatency(t, c, kc) })
 	t.Run("FailStatic", func(t *testing.T) { testFailStatic(t, c, kc) })
 }
@@ -591,6 +599,66 @@ func testOneWriter(t *testing.T, c *kubetest.Cluster, kc string) {
 		s, _ := getService(t, c, ns, "d")
 		return len(s.Status.LoadBalancer.Ingress) == 1, ingressIPs(s)
 	})
+}
+
+// testFollowerReports: a box that does not hold the Lease, and whose
+// datapath lacks a Service the holder serves, says so in an Event naming
+// itself after the grace period, without touching status; and says so
+// again when its datapath holds the Service.
+func testFollowerReports(t *testing.T, c *kubetest.Cluster, kc string) {
+	ns := namespace(t, c, "follower")
+	sel := map[string]string{"l4lb-test": "follower"}
+	c.AddNode("follower-1", sel, netip.MustParseAddr("10.7.0.1"))
+	createService(t, c, ns, "a")
+	createService(t, c, ns, "b")
+	cfg := sourceConfig(kc, "follower", sel)
+	const grace = time.Second
+	quick := func(o *kubernetes.Options) { o.BoxReportGrace = grace }
+	first := runSource(t, cfg, "box-1", ns, quick)
+	first.waitFor("two services", func(svcs []lb.Service) bool { return len(svcs) == 2 })
+	first.program()
+	eventually(t, "box-1 leads", func() (bool, string) { return first.src.Status().Leader, "" })
+	eventually(t, "b programmed", func() (bool, string) {
+		s, _ := getService(t, c, ns, "b")
+		cond := condition(s)
+		return cond != nil && cond.Status == metav1.ConditionTrue, fmt.Sprint(cond)
+	})
+	second := runSource(t, cfg, "box-2", ns, quick)
+	second.waitFor("two services", func(svcs []lb.Service) bool { return len(svcs) == 2 })
+	second.program(ns + ".b")
+	b, _ := getService(t, c, ns, "b")
+	missing := func(e string) bool {
+		return strings.HasPrefix(e, "Warning "+kubernetes.ReasonNotProgrammedOnBox+": box box-2: ")
+	}
+	eventually(t, "box-2's Warning on b", func() (bool, string) {
+		evs := events(t, c, ns, "b")
+		return slices.ContainsFunc(evs, missing), strings.Join(evs, "\n")
+	})
+	for _, e := range events(t, c, ns, "a") {
+		if strings.Contains(e, "OnBox") {
+			t.Errorf("Service a is in both datapaths, yet: %s", e)
+		}
+	}
+	if got, _ := getService(t, c, ns, "b"); got.ResourceVersion != b.ResourceVersion {
+		t.Errorf("the follower's report wrote the Service (resourceVersion %s -> %s)", b.ResourceVersion, got.ResourceVersion)
+	}
+	if first.src.Status().Leader == second.src.Status().Leader {
+		t.Fatalf("leaders: box-1 %v, box-2 %v", first.src.Status().Leader, second.src.Status().Leader)
+	}
+	second.program()
+	eventually(t, "box-2's Normal on b", func() (bool, string) {
+		evs := events(t, c, ns, "b")
+		return slices.Contains(evs, "Normal "+kubernetes.ReasonProgrammedOnBox+": box box-2: the Service's VIPs are in this box's datapath again"), strings.Join(evs, "\n")
+	})
+	n := 0
+	for _, e := range events(t, c, ns, "b") {
+		if missing(e) {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Errorf("%d NotProgrammedOnBox Events for one episode, want 1", n)
+	}
 }
 
 func testFailStatic(t *testing.T, c *kubetest.Cluster, kc string) {

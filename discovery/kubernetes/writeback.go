@@ -9,6 +9,7 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -45,7 +46,15 @@ func (s *Source) writer(ctx context.Context) {
 	bc := record.NewBroadcaster(record.WithContext(ctx))
 	bc.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: s.client.CoreV1().Events("")})
 	defer bc.Shutdown()
-	rec := bc.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "l4lb"})
+	rec := bc.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "l4lb", Host: s.opts.Identity})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		s.boxReporter(ctx, rec)
+	}()
+	// Deferred after Shutdown, so it runs first: no Event after it.
+	defer wg.Wait()
 
 	lock := &resourcelock.LeaseLock{
 		LeaseMeta:  metav1.ObjectMeta{Namespace: s.cfg.LeaseNamespace, Name: s.cfg.LeaseName},
