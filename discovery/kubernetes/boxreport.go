@@ -90,19 +90,17 @@ func (s *Source) reportBox(br *boxReport, rec record.EventRecorder, now time.Tim
 	grace := s.opts.BoxReportGrace
 	var next time.Time
 	seen := map[key]bool{}
+	services := s.current().services
 	for k, o := range res.outcomes {
-		svc, err := s.current().services.Services(k.ns).Get(k.name)
-		if err != nil || svc.DeletionTimestamp != nil || len(o.frontends) == 0 ||
-			(o.reason != ReasonProgrammed && o.reason != ReasonNoBackends) {
+		if len(o.frontends) == 0 || !o.served() {
+			continue
+		}
+		svc, err := services.Services(k.ns).Get(k.name)
+		if err != nil || svc.DeletionTimestamp != nil {
 			continue
 		}
 		seen[k] = true
-		var missing []lb.Frontend
-		for _, fe := range o.frontends {
-			if !programmed[fe] {
-				missing = append(missing, fe)
-			}
-		}
+		missing := o.missing(programmed)
 		if len(missing) == 0 {
 			if _, ok := br.warned[k]; ok {
 				rec.Event(svc, corev1.EventTypeNormal, ReasonProgrammedOnBox,

@@ -439,7 +439,7 @@ func (s *Source) build(now time.Time) ([]lb.Service, time.Time) {
 
 	var problems []string
 	for k, o := range res.outcomes {
-		if o.reason != ReasonProgrammed && o.reason != ReasonNoBackends {
+		if !o.served() {
 			problems = append(problems, fmt.Sprintf("Service %s: %s: %s", k, o.reason, o.message))
 		}
 	}

@@ -71,6 +71,25 @@ type outcome struct {
 	note string
 }
 
+// served: the translation publishes the Service (with or without
+// backends able to take new flows), so a datapath should hold its
+// frontends; any other reason refuses it.
+func (o *outcome) served() bool {
+	return o.reason == ReasonProgrammed || o.reason == ReasonNoBackends
+}
+
+// missing lists the Service's frontends a datapath holding programmed
+// lacks.
+func (o *outcome) missing(programmed map[lb.Frontend]bool) []lb.Frontend {
+	var out []lb.Frontend
+	for _, fe := range o.frontends {
+		if !programmed[fe] {
+			out = append(out, fe)
+		}
+	}
+	return out
+}
+
 // result is one translation of the world.
 type result struct {
 	services []lb.Service

@@ -200,11 +200,8 @@ func (s *Source) writeAll(ctx context.Context, rec record.EventRecorder) (retry 
 func (s *Source) writeStatus(ctx context.Context, rec record.EventRecorder, svc *corev1.Service, o *outcome, programmed map[lb.Frontend]bool) bool {
 	want := svc.DeepCopy()
 	reason, msg := o.reason, o.message
-	all := len(o.frontends) > 0
-	for _, fe := range o.frontends {
-		all = all && programmed[fe]
-	}
-	if reason == ReasonProgrammed || reason == ReasonNoBackends {
+	all := len(o.frontends) > 0 && len(o.missing(programmed)) == 0
+	if o.served() {
 		if !all {
 			reason, msg = ReasonPending, "not in the datapath (yet): another discovery source may serve the frontend, or the datapath refused it; see l4lbctl status"
 		} else if reason == ReasonProgrammed {
