@@ -7,6 +7,7 @@
 #   make lint       go vet + staticcheck
 #   make demo       the demo topology in network namespaces (root)
 #   make bench      benchmarks, each next to its baseline
+#   make bench-ab   the working tree's datapath C against BASE's (default HEAD), in one process (root)
 #   make fuzz       the datapath fuzzer for FUZZTIME (default 10m; root)
 #   make compare    l4lb next to a kube-proxy-shaped iptables setup (root)
 #   make install    binaries, systemd units and /etc/l4lb/l4lb.toml (PREFIX=/usr/local)
@@ -32,7 +33,7 @@ GENERATED := $(wildcard bpf/*_bpfel.go bpf/*_bpfel.o)
 export L4LB_PRIVILEGED_TESTS := 1
 TESTFLAGS ?= -count=1 -timeout 30m
 
-.PHONY: all build deps deps-demo deps-compare compare generate check-generate check-tidy kube-tools test test-unit lint demo bench fuzz install uninstall deb clean
+.PHONY: all build deps deps-demo deps-compare compare generate check-generate check-tidy kube-tools test test-unit lint demo bench bench-ab fuzz install uninstall deb clean
 
 all: build
 
@@ -105,6 +106,19 @@ demo: deps-demo build
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count 6 ./lb/maglev ./lb/reconciler
 	$(GO) run ./tests/bench
+
+# The datapath built from the working tree's C against the object committed
+# at BASE (a commit; default HEAD), every XDP path of both timed in one
+# process, round by round: two processes differ by more than most changes
+# to the C are worth (docs/datapath.md). Both objects must have the map
+# layouts of the working tree's Go bindings. AB_FLAGS=-6 times IPv6 paths.
+BASE     ?= HEAD
+AB_FLAGS ?=
+bench-ab: generate
+	@base=$$(mktemp --suffix=.o) && trap 'rm -f '"$$base" EXIT && \
+	git show $(BASE):bpf/lb_bpfel.o > "$$base" && \
+	$(GO) run ./tests/bench -a "$$base" -b bpf/lb_bpfel.o -rounds 15 \
+		-names "$(BASE) (bpf/lb_bpfel.o as committed),the working tree (make generate)" $(AB_FLAGS)
 
 # The datapath fuzzer (lb/datapath/fuzz_test.go): both BPF entry points on
 # frames the engine mutates from the seed corpus, checked by an oracle of

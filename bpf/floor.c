@@ -73,3 +73,106 @@ int l4lb_floor_tc(struct __sk_buff *skb)
 	}
 	return TCX_NEXT;
 }
+
+/*
+ * Primitives: each program is the empty program plus one operation, so
+ * that `make bench` can say what the operations a path is made of cost on
+ * the machine it runs on. What they show there (docs/datapath.md): a call
+ * that is not inlined, into a helper or a BPF function, costs tens of ns
+ * when the CPU's return-stack mitigations are on, and a hash lookup is
+ * mostly such a call.
+ */
+
+/* Keys of the lookup primitives, read from the frame at offset 14. */
+struct prim_key16 {
+	__u8 b[16];
+};
+
+struct prim_key40 {
+	__u8 b[40];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct prim_key16);
+	__type(value, struct ct_value);
+	__uint(max_entries, 1024);
+} prim_hash16 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct prim_key40);
+	__type(value, struct ct_value);
+	__uint(max_entries, 1024);
+} prim_hash40 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct prim_key40);
+	__type(value, struct ct_value);
+	__uint(max_entries, 1024);
+} prim_lru40 SEC(".maps");
+
+/* Count one hit, as the floor does: the result cannot be optimised away. */
+static __always_inline int prim_done(__u64 v)
+{
+	__u32 zero = 0;
+	__u64 *hits = bpf_map_lookup_elem(&floor_hits, &zero);
+
+	if (hits && v)
+		(*hits)++;
+	return XDP_PASS;
+}
+
+SEC("xdp")
+int l4lb_prim_count(struct xdp_md *ctx)
+{
+	return prim_done(1);
+}
+
+SEC("xdp")
+int l4lb_prim_helper(struct xdp_md *ctx)
+{
+	return prim_done(bpf_ktime_get_coarse_ns());
+}
+
+SEC("xdp")
+int l4lb_prim_jiffies(struct xdp_md *ctx)
+{
+	return prim_done(bpf_jiffies64());
+}
+
+static __noinline int prim_callee(struct xdp_md *ctx)
+{
+	return ctx->ingress_ifindex != 0;
+}
+
+SEC("xdp")
+int l4lb_prim_call(struct xdp_md *ctx)
+{
+	return prim_done(prim_callee(ctx));
+}
+
+SEC("xdp")
+int l4lb_prim_adjust_head(struct xdp_md *ctx)
+{
+	return prim_done(bpf_xdp_adjust_head(ctx, -20) == 0);
+}
+
+#define PRIM_LOOKUP(name, map, type)                                              \
+	SEC("xdp")                                                                 \
+	int name(struct xdp_md *ctx)                                               \
+	{                                                                          \
+		void *data = (void *)(long)ctx->data;                              \
+		void *data_end = (void *)(long)ctx->data_end;                      \
+		type k;                                                            \
+                                                                                   \
+		if (data + 14 + sizeof(k) > data_end)                              \
+			return XDP_PASS;                                           \
+		__builtin_memcpy(&k, data + 14, sizeof(k));                        \
+		return prim_done(bpf_map_lookup_elem(&map, &k) != NULL);           \
+	}
+
+PRIM_LOOKUP(l4lb_prim_hash16, prim_hash16, struct prim_key16)
+PRIM_LOOKUP(l4lb_prim_hash40, prim_hash40, struct prim_key40)
+PRIM_LOOKUP(l4lb_prim_lru40, prim_lru40, struct prim_key40)

@@ -13,6 +13,25 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type FloorCtValue struct {
+	_         structs.HostLayout
+	BackendId uint32
+	SvcId     uint32
+	LastSeen  uint64
+	Hash      uint32
+	SvcWord   uint32
+}
+
+type FloorPrimKey16 struct {
+	_ structs.HostLayout
+	B [16]uint8
+}
+
+type FloorPrimKey40 struct {
+	_ structs.HostLayout
+	B [40]uint8
+}
+
 type FloorSvcKey struct {
 	_     structs.HostLayout
 	Addr  [16]uint8
@@ -36,10 +55,21 @@ type FloorSvcValue struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	FloorMapFloorHits     = "floor_hits"
-	FloorMapFloorServices = "floor_services"
-	FloorProgL4lbFloor    = "l4lb_floor"
-	FloorProgL4lbFloorTc  = "l4lb_floor_tc"
+	FloorMapFloorHits           = "floor_hits"
+	FloorMapFloorServices       = "floor_services"
+	FloorMapPrimHash16          = "prim_hash16"
+	FloorMapPrimHash40          = "prim_hash40"
+	FloorMapPrimLru40           = "prim_lru40"
+	FloorProgL4lbFloor          = "l4lb_floor"
+	FloorProgL4lbFloorTc        = "l4lb_floor_tc"
+	FloorProgL4lbPrimAdjustHead = "l4lb_prim_adjust_head"
+	FloorProgL4lbPrimCall       = "l4lb_prim_call"
+	FloorProgL4lbPrimCount      = "l4lb_prim_count"
+	FloorProgL4lbPrimHash16     = "l4lb_prim_hash16"
+	FloorProgL4lbPrimHash40     = "l4lb_prim_hash40"
+	FloorProgL4lbPrimHelper     = "l4lb_prim_helper"
+	FloorProgL4lbPrimJiffies    = "l4lb_prim_jiffies"
+	FloorProgL4lbPrimLru40      = "l4lb_prim_lru40"
 )
 
 // LoadFloor returns the embedded CollectionSpec for Floor.
@@ -84,8 +114,16 @@ type FloorSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type FloorProgramSpecs struct {
-	L4lbFloor   *ebpf.ProgramSpec `ebpf:"l4lb_floor"`
-	L4lbFloorTc *ebpf.ProgramSpec `ebpf:"l4lb_floor_tc"`
+	L4lbFloor          *ebpf.ProgramSpec `ebpf:"l4lb_floor"`
+	L4lbFloorTc        *ebpf.ProgramSpec `ebpf:"l4lb_floor_tc"`
+	L4lbPrimAdjustHead *ebpf.ProgramSpec `ebpf:"l4lb_prim_adjust_head"`
+	L4lbPrimCall       *ebpf.ProgramSpec `ebpf:"l4lb_prim_call"`
+	L4lbPrimCount      *ebpf.ProgramSpec `ebpf:"l4lb_prim_count"`
+	L4lbPrimHash16     *ebpf.ProgramSpec `ebpf:"l4lb_prim_hash16"`
+	L4lbPrimHash40     *ebpf.ProgramSpec `ebpf:"l4lb_prim_hash40"`
+	L4lbPrimHelper     *ebpf.ProgramSpec `ebpf:"l4lb_prim_helper"`
+	L4lbPrimJiffies    *ebpf.ProgramSpec `ebpf:"l4lb_prim_jiffies"`
+	L4lbPrimLru40      *ebpf.ProgramSpec `ebpf:"l4lb_prim_lru40"`
 }
 
 // FloorMapSpecs contains maps before they are loaded into the kernel.
@@ -94,6 +132,9 @@ type FloorProgramSpecs struct {
 type FloorMapSpecs struct {
 	FloorHits     *ebpf.MapSpec `ebpf:"floor_hits"`
 	FloorServices *ebpf.MapSpec `ebpf:"floor_services"`
+	PrimHash16    *ebpf.MapSpec `ebpf:"prim_hash16"`
+	PrimHash40    *ebpf.MapSpec `ebpf:"prim_hash40"`
+	PrimLru40     *ebpf.MapSpec `ebpf:"prim_lru40"`
 }
 
 // FloorVariableSpecs contains global variables before they are loaded into the kernel.
@@ -124,12 +165,18 @@ func (o *FloorObjects) Close() error {
 type FloorMaps struct {
 	FloorHits     *ebpf.Map `ebpf:"floor_hits"`
 	FloorServices *ebpf.Map `ebpf:"floor_services"`
+	PrimHash16    *ebpf.Map `ebpf:"prim_hash16"`
+	PrimHash40    *ebpf.Map `ebpf:"prim_hash40"`
+	PrimLru40     *ebpf.Map `ebpf:"prim_lru40"`
 }
 
 func (m *FloorMaps) Close() error {
 	return _FloorClose(
 		m.FloorHits,
 		m.FloorServices,
+		m.PrimHash16,
+		m.PrimHash40,
+		m.PrimLru40,
 	)
 }
 
@@ -143,14 +190,30 @@ type FloorVariables struct {
 //
 // It can be passed to LoadFloorObjects or ebpf.CollectionSpec.LoadAndAssign.
 type FloorPrograms struct {
-	L4lbFloor   *ebpf.Program `ebpf:"l4lb_floor"`
-	L4lbFloorTc *ebpf.Program `ebpf:"l4lb_floor_tc"`
+	L4lbFloor          *ebpf.Program `ebpf:"l4lb_floor"`
+	L4lbFloorTc        *ebpf.Program `ebpf:"l4lb_floor_tc"`
+	L4lbPrimAdjustHead *ebpf.Program `ebpf:"l4lb_prim_adjust_head"`
+	L4lbPrimCall       *ebpf.Program `ebpf:"l4lb_prim_call"`
+	L4lbPrimCount      *ebpf.Program `ebpf:"l4lb_prim_count"`
+	L4lbPrimHash16     *ebpf.Program `ebpf:"l4lb_prim_hash16"`
+	L4lbPrimHash40     *ebpf.Program `ebpf:"l4lb_prim_hash40"`
+	L4lbPrimHelper     *ebpf.Program `ebpf:"l4lb_prim_helper"`
+	L4lbPrimJiffies    *ebpf.Program `ebpf:"l4lb_prim_jiffies"`
+	L4lbPrimLru40      *ebpf.Program `ebpf:"l4lb_prim_lru40"`
 }
 
 func (p *FloorPrograms) Close() error {
 	return _FloorClose(
 		p.L4lbFloor,
 		p.L4lbFloorTc,
+		p.L4lbPrimAdjustHead,
+		p.L4lbPrimCall,
+		p.L4lbPrimCount,
+		p.L4lbPrimHash16,
+		p.L4lbPrimHash40,
+		p.L4lbPrimHelper,
+		p.L4lbPrimJiffies,
+		p.L4lbPrimLru40,
 	)
 }
 

@@ -13,6 +13,7 @@
 package datapath
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -95,7 +96,12 @@ type Config struct {
 	// flood of packets of unknown flows cannot evict established ones.
 	// 0 means no limit. l4lbd passes datapath.flow_insert_rate.
 	FlowInsertRate uint32
-	Log            *slog.Logger
+	// Object, when set, is a compiled LB object (an ELF file's bytes) to
+	// load instead of the embedded one. It is for measuring a build of
+	// bpf/lb.c against another (`make bench-ab`); it must declare the maps
+	// and programs this package's bindings know, with the same layouts.
+	Object []byte
+	Log    *slog.Logger
 }
 
 // Default encapsulation source prefixes. 172.16.0.0/16 and 100::/64 (the
@@ -261,9 +267,9 @@ func Load(cfg Config) (*LB, error) {
 // sizedSpec is the LB object with cfg's load-time constants and map sizes
 // set, exactly as Load creates it, and the number of possible CPUs.
 func sizedSpec(cfg Config) (*ebpf.CollectionSpec, int, error) {
-	spec, err := bpf.LoadLb()
+	spec, err := lbSpec(cfg.Object)
 	if err != nil {
-		return nil, 0, fmt.Errorf("datapath: read embedded LB object: %w", err)
+		return nil, 0, err
 	}
 	cpus, err := ebpf.PossibleCPU()
 	if err != nil {
@@ -282,6 +288,22 @@ func sizedSpec(cfg Config) (*ebpf.CollectionSpec, int, error) {
 	spec.Maps[bpf.LbMapAffinity].MaxEntries = perCPURound(cfg.AffinityMax, cpus)
 	pinRenamed(spec)
 	return spec, cpus, nil
+}
+
+// lbSpec is the LB object to load: obj when given, else the embedded one.
+func lbSpec(obj []byte) (*ebpf.CollectionSpec, error) {
+	if obj == nil {
+		spec, err := bpf.LoadLb()
+		if err != nil {
+			return nil, fmt.Errorf("datapath: read embedded LB object: %w", err)
+		}
+		return spec, nil
+	}
+	spec, err := ebpf.LoadCollectionSpecFromReader(bytes.NewReader(obj))
+	if err != nil {
+		return nil, fmt.Errorf("datapath: read the LB object given in Config.Object: %w", err)
+	}
+	return spec, nil
 }
 
 // handshakeBuckets is the size of the handshakes map (the backends of DSR

@@ -63,7 +63,7 @@ func backend(v6 bool, i int) netip.Addr {
 	return netip.AddrFrom4([4]byte{10, 0, 1, byte(i)})
 }
 
-func newRig(t *testnet.Script) *rig {
+func newRig(t *testnet.Script, obj []byte) *rig {
 	ns := testnet.NewNS(t, "bench")
 	peer := testnet.NewNS(t, "benchpeer")
 	testnet.Veth(t, ns, "lb0", peer, "peer0")
@@ -84,6 +84,7 @@ func newRig(t *testnet.Script) *rig {
 		Seed: benchSeed, MaxServices: maxServices, MaxBackends: maxServices * 3, ConntrackMax: 1 << 20,
 		SNATAddresses: []netip.Addr{lbAddr4, lbAddr6},
 		Netns:         ns.Handle(),
+		Object:        obj,
 		Log:           slog.New(slog.DiscardHandler),
 	})
 	if err != nil {
@@ -230,13 +231,28 @@ type timing struct{ med, lo, hi time.Duration }
 // measure times each path: rounds interleave the paths so that machine
 // noise spreads over all of them alike.
 func (r *rig) measure(t *testnet.Script, paths []path, rounds, runs int) []timing {
+	on := make([]*rig, len(paths))
+	for i := range on {
+		on[i] = r
+	}
+	return summarize(measureRounds(t, paths, on, rounds, runs))
+}
+
+// measureRounds times each path (paths[i] in the namespace of on[i]),
+// rounds interleaving the paths, and returns each path's round medians.
+func measureRounds(t *testnet.Script, paths []path, on []*rig, rounds, runs int) [][]time.Duration {
 	meds := make([][]time.Duration, len(paths))
 	for range rounds {
 		for i, p := range paths {
-			meds[i] = append(meds[i], median(r.timeRuns(t, p.prog, p.hook, runs, p.next)))
+			meds[i] = append(meds[i], median(on[i].timeRuns(t, p.prog, p.hook, runs, p.next)))
 		}
 	}
-	out := make([]timing, len(paths))
+	return meds
+}
+
+// summarize turns round medians into timings.
+func summarize(meds [][]time.Duration) []timing {
+	out := make([]timing, len(meds))
 	for i := range meds {
 		out[i] = timing{median(meds[i]), slices.Min(meds[i]), slices.Max(meds[i])}
 	}
@@ -270,7 +286,7 @@ func report(title string, paths []path, res []timing) {
 // then the main paths at 1, 10,000 and 100,000 services, then a backend
 // change on real maps.
 func benchDatapath(t *testnet.Script, rounds, runs int) {
-	r := newRig(t)
+	r := newRig(t, nil)
 	fl := loadFloors(t)
 
 	tgs := targets()
@@ -306,6 +322,7 @@ func benchDatapath(t *testnet.Script, rounds, runs int) {
 	fmt.Printf("\nper-packet cost, kernel-timed with BPF_PROG_TEST_RUN (repeat 1), one fresh 64-byte-payload TCP packet per run;\n"+
 		"ns = median of %d interleaved rounds x %d packets (min-max of the round medians); net = ns - the empty program;\n"+
 		"net/floor = net / net of the parse + one lookup floor, both of the same hook and run\n", rounds, runs)
+	benchPrimitives(t, r, fl, floorFrame, rounds, runs)
 	summary := map[string][]float64{}
 	for _, k := range []hookKind{hookXDP, hookTC} {
 		paths := fl.paths(k, floorFrame)

@@ -6,13 +6,18 @@
 // services, and a backend change on the real maps. Each path runs on a fresh
 // packet per test run (the kernel's repeat would re-run the program on its
 // own rewritten output), kernel-timed; the figure is the median over rounds
-// of the median per round. It needs root.
+// of the median per round. It also times the primitives paths are made of
+// (primitives.go).
+//
+// With -b it compares builds of the LB object instead, in one process
+// (ab.go; `make bench-ab`). It needs root.
 package main
 
 import (
 	"flag"
 	"fmt"
 	"os"
+	"strings"
 
 	"github.com/l4lb/l4lb/internal/testnet"
 )
@@ -20,14 +25,51 @@ import (
 func main() {
 	rounds := flag.Int("rounds", 7, "rounds per path")
 	runs := flag.Int("runs", 3000, "packets per round")
+	a := flag.String("a", "", "A/B mode: the baseline LB object A (an lb_bpfel.o); empty takes the embedded one")
+	b := flag.String("b", "", "A/B mode: the LB objects to compare with A, comma-separated, path by path in one process")
+	v6 := flag.Bool("6", false, "A/B mode: IPv6 paths instead of IPv4")
+	labels := flag.String("names", "", "A/B mode: comma-separated names of the objects, for the report")
 	flag.Parse()
 	if os.Geteuid() != 0 {
 		fmt.Fprintln(os.Stderr, "bench: needs root (BPF, network namespaces)")
 		os.Exit(1)
 	}
 	t := &testnet.Script{}
-	if err := t.Run(func() { benchDatapath(t, *rounds, *runs) }); err != nil {
+	run := func() { benchDatapath(t, *rounds, *runs) }
+	if *b != "" {
+		objs, names, err := readObjects(*a, *b)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+		for i, n := range strings.Split(*labels, ",") {
+			if n != "" && i < len(names) {
+				names[i] = n
+			}
+		}
+		run = func() { benchAB(t, objs, names, *v6, *rounds, *runs) }
+	}
+	if err := t.Run(run); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
+}
+
+// readObjects reads the A/B mode's LB objects: a, then each of the
+// comma-separated bs. An empty path is the embedded object (nil).
+func readObjects(a, bs string) ([][]byte, []string, error) {
+	var objs [][]byte
+	var names []string
+	for _, p := range append([]string{a}, strings.Split(bs, ",")...) {
+		if p == "" {
+			objs, names = append(objs, nil), append(names, "the embedded object")
+			continue
+		}
+		obj, err := os.ReadFile(p)
+		if err != nil {
+			return nil, nil, fmt.Errorf("A/B object: %w", err)
+		}
+		objs, names = append(objs, obj), append(names, p)
+	}
+	return objs, names, nil
 }

@@ -1,0 +1,164 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package main
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/l4lb/l4lb/internal/pkttest"
+	"github.com/l4lb/l4lb/internal/testnet"
+	"github.com/l4lb/l4lb/lb"
+)
+
+// benchAB times the XDP paths of several builds of the LB object (the
+// first is A, the baseline; the others are B, C, ...) in one process, each
+// on its own datapath and namespace, one path of every build after the
+// other within each round. Two runs of `make bench` differ from process to
+// process by more than most changes to the C are worth (docs/datapath.md);
+// within one process, one round's builds share whatever the machine was
+// doing, so their ratio in the same round is what is compared.
+func benchAB(t *testnet.Script, objs [][]byte, names []string, v6 bool, rounds, runs int) {
+	fl := loadFloors(t)
+	var tgs []target
+	for _, tg := range targets() {
+		if tg.v6 == v6 {
+			tgs = append(tgs, tg)
+		}
+	}
+	var svcs []lb.Service
+	for _, tg := range tgs {
+		svcs = append(svcs, tg.service())
+	}
+	rigs := make([]*rig, len(objs))
+	for i := range rigs {
+		rigs[i] = newRig(t, objs[i])
+		if err := rigs[i].rec.Reconcile(svcs); err != nil {
+			t.Fatalf("%s: reconcile: %v", names[i], err)
+		}
+	}
+	fl.program(t, targets()[0])
+	pkt := func(r *rig, tg target, sport uint16, syn, ack bool) []byte {
+		return pkttest.Build(t, pkttest.Packet{
+			DstMAC: r.mac, Src: netip.AddrPortFrom(tg.client(), sport), Dst: netip.AddrPortFrom(tg.vip(), tg.port),
+			SYN: syn, ACK: ack, Payload: make([]byte, 64),
+		})
+	}
+	floorFrame := pkt(rigs[0], targets()[0], 2000, false, true)
+	paths := fl.paths(hookXDP, floorFrame)
+	on := []*rig{rigs[0], rigs[0]}
+	// A group is one path of every build: at[i] indexes build i's.
+	type group struct {
+		name string
+		at   []int
+	}
+	var groups []group
+	add := func(name string, mk func(r *rig) func(int) []byte) {
+		g := group{name: name}
+		for _, r := range rigs {
+			g.at = append(g.at, len(paths))
+			paths = append(paths, path{name, hookXDP, r.lb.Program(), mk(r), ""})
+			on = append(on, r)
+		}
+		groups = append(groups, g)
+	}
+	nonVIPDst := netip.MustParseAddrPort("192.0.2.99:80")
+	if v6 {
+		nonVIPDst = netip.MustParseAddrPort("[2001:db8::99]:80")
+	}
+	add("non-VIP pass-through", func(r *rig) func(int) []byte {
+		frame := pkttest.Build(t, pkttest.Packet{DstMAC: r.mac, Src: netip.AddrPortFrom(tgs[0].client(), 1000),
+			Dst: nonVIPDst, ACK: true, Payload: make([]byte, 64)})
+		return func(int) []byte { return frame }
+	})
+	nextPort := uint16(10000)
+	fresh := func(r *rig, tg target, syn bool) func(int) []byte {
+		base := nextPort
+		nextPort += 5000
+		return func(i int) []byte { return pkt(r, tg, base+uint16(i%5000), syn, !syn) }
+	}
+	for _, tg := range tgs {
+		add(tg.name+": established", func(r *rig) func(int) []byte {
+			est := pkt(r, tg, 2000, false, true)
+			r.establish(t, r.lb.Program(), hookXDP, tg, est)
+			return func(int) []byte { return est }
+		})
+	}
+	for _, tg := range tgs {
+		add(tg.name+": new flow, SYN", func(r *rig) func(int) []byte { return fresh(r, tg, true) })
+	}
+	for _, tg := range tgs {
+		add(tg.name+": new flow, first non-SYN", func(r *rig) func(int) []byte { return fresh(r, tg, false) })
+	}
+
+	// The build that runs first moves round by round: whichever runs
+	// after another finds the kernel code they share (map and LRU
+	// helpers) warm.
+	meds := make([][]time.Duration, len(paths))
+	time1 := func(i int) {
+		meds[i] = append(meds[i], median(on[i].timeRuns(t, paths[i].prog, paths[i].hook, runs, paths[i].next)))
+	}
+	for round := range rounds {
+		time1(0)
+		time1(1)
+		for _, g := range groups {
+			for k := range g.at {
+				time1(g.at[(k+round)%len(g.at)])
+			}
+		}
+	}
+	res := summarize(meds)
+	empty, floorNet := res[0].med, res[1].med-res[0].med
+	fmt.Printf("\nA/B, XDP %s, %d rounds x %d packets, the builds interleaved (the first one moving round by round):\n", family(v6), rounds, runs)
+	for i, n := range names {
+		fmt.Printf("  %c = %s\n", 'A'+i, n)
+	}
+	fmt.Printf("floors: empty program %d ns, parse + one lookup %d ns (net %d)\n", empty.Nanoseconds(), res[1].med.Nanoseconds(), floorNet.Nanoseconds())
+	fmt.Printf("ns and net/floor as make bench prints them; X/A = median over rounds of X's net / A's net in the same round\n")
+	var hdr strings.Builder
+	fmt.Fprintf(&hdr, "  %-44s %7s %8s", "path", "A ns", "A /floor")
+	for i := 1; i < len(names); i++ {
+		c := 'A' + i
+		fmt.Fprintf(&hdr, " %7s %8s %6s", fmt.Sprintf("%c ns", c), fmt.Sprintf("%c /floor", c), fmt.Sprintf("%c/A", c))
+	}
+	fmt.Println(hdr.String())
+	for _, g := range groups {
+		a := res[g.at[0]]
+		fmt.Printf("  %-44s %7d %7.2fx", g.name, a.med.Nanoseconds(), perFloor(a.med, empty, floorNet))
+		for i := 1; i < len(g.at); i++ {
+			x := res[g.at[i]]
+			var ratios []float64
+			for k := range meds[0] {
+				an, xn := meds[g.at[0]][k]-meds[0][k], meds[g.at[i]][k]-meds[0][k]
+				if an > 0 {
+					ratios = append(ratios, float64(xn)/float64(an))
+				}
+			}
+			ratio := "-"
+			if len(ratios) > 0 {
+				slices.Sort(ratios)
+				ratio = fmt.Sprintf("%.2f", ratios[len(ratios)/2])
+			}
+			fmt.Printf(" %7d %7.2fx %6s", x.med.Nanoseconds(), perFloor(x.med, empty, floorNet), ratio)
+		}
+		fmt.Println()
+	}
+}
+
+// perFloor is d's net cost (d - empty) as a multiple of the floor's.
+func perFloor(d, empty, floorNet time.Duration) float64 {
+	if floorNet <= 0 {
+		return 0
+	}
+	return float64(d-empty) / float64(floorNet)
+}
+
+func family(v6 bool) string {
+	if v6 {
+		return "IPv6"
+	}
+	return "IPv4"
+}
