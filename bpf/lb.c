@@ -15,6 +15,7 @@
  * Two entry points share all of it: l4lb_xdp (XDP) and l4lb_tc (tc ingress
  * through tcx, for interfaces where XDP cannot attach); see hook.h.
  */
+#include "include/clock.h"
 #include "include/common.h"
 #include "include/config.h"
 #include "include/conntrack.h"
@@ -457,7 +458,7 @@ static __always_inline int lb_process(const struct hook *h, struct icmp_todo *to
 				count_reason(L4LB_R_PASS_TTL_EXCEEDED, p->l3_len);
 				return hook_pass(h);
 			}
-			ct_touch(ct, bpf_ktime_get_coarse_ns());
+			ct_touch(ct, coarse_now());
 			ct_track_close(ct, p);
 			sel.backend_id = L4LB_CT_ID(ct->backend_id);
 			sel.hash = ct->hash;

@@ -43,6 +43,12 @@ type LbBackendRoute struct {
 	Ids   [8]uint32
 }
 
+type LbClockCopy struct {
+	_       structs.HostLayout
+	Jiffies uint64
+	Ns      uint64
+}
+
 type LbCtValue struct {
 	_         structs.HostLayout
 	BackendId uint32
@@ -283,6 +289,7 @@ const (
 	LbMapBackendRoutes        = "backend_routes"
 	LbMapBackendStats         = "backend_stats"
 	LbMapBackends             = "backends"
+	LbMapClockCache           = "clock_cache"
 	LbMapConntrack            = "conntrack"
 	LbMapEvents               = "events"
 	LbMapHandshakes           = "handshakes"
@@ -387,6 +394,7 @@ type LbMapSpecs struct {
 	BackendRoutes   *ebpf.MapSpec `ebpf:"backend_routes"`
 	BackendStats    *ebpf.MapSpec `ebpf:"backend_stats"`
 	Backends        *ebpf.MapSpec `ebpf:"backends"`
+	ClockCache      *ebpf.MapSpec `ebpf:"clock_cache"`
 	Conntrack       *ebpf.MapSpec `ebpf:"conntrack"`
 	Events          *ebpf.MapSpec `ebpf:"events"`
 	Handshakes      *ebpf.MapSpec `ebpf:"handshakes"`
@@ -463,6 +471,7 @@ type LbMaps struct {
 	BackendRoutes   *ebpf.Map `ebpf:"backend_routes"`
 	BackendStats    *ebpf.Map `ebpf:"backend_stats"`
 	Backends        *ebpf.Map `ebpf:"backends"`
+	ClockCache      *ebpf.Map `ebpf:"clock_cache"`
 	Conntrack       *ebpf.Map `ebpf:"conntrack"`
 	Events          *ebpf.Map `ebpf:"events"`
 	Handshakes      *ebpf.Map `ebpf:"handshakes"`
@@ -491,6 +500,7 @@ func (m *LbMaps) Close() error {
 		m.BackendRoutes,
 		m.BackendStats,
 		m.Backends,
+		m.ClockCache,
 		m.Conntrack,
 		m.Events,
 		m.Handshakes,

@@ -27,6 +27,7 @@
 #define L4LB_CONNTRACK_H
 
 #include "affinity.h"
+#include "clock.h"
 #include "maglev.h"
 #include "parse.h"
 #include "ratelimit.h"
@@ -102,10 +103,11 @@ static __always_inline void ct_track_close(struct ct_value *ct, const struct pac
 		ct->backend_id = L4LB_CT_ID(id) | closing;
 }
 
-/* Refresh an entry's last_seen (at most once a second, see CT_REFRESH_NS). */
+/* Refresh an entry's last_seen (at most once a second, see CT_REFRESH_NS).
+ * Another CPU's clock may be a tick ahead of this one's (clock.h). */
 static __always_inline void ct_touch(struct ct_value *ct, __u64 now)
 {
-	if (now - ct->last_seen > CT_REFRESH_NS)
+	if (now > ct->last_seen && now - ct->last_seen > CT_REFRESH_NS)
 		ct->last_seen = now;
 }
 
@@ -128,7 +130,7 @@ static __always_inline int ct_insert_allowed(__u64 now)
 static __always_inline int select_backend(struct packet *p, const struct svc_value *svc,
 					  struct selection *sel, int update, struct ct_value *ct)
 {
-	__u64 now = bpf_ktime_get_coarse_ns();
+	__u64 now = coarse_now();
 	__u32 word = svc_word_of(svc->id);
 	struct handshake_bucket *hb = NULL;
 	__u64 hash;

@@ -37,6 +37,7 @@
 #ifndef L4LB_ICMP_H
 #define L4LB_ICMP_H
 
+#include "clock.h"
 #include "config.h"
 #include "csum.h"
 #include "forward.h"
@@ -77,7 +78,7 @@
 /* A token for one ICMP message from this CPU's bucket; 0 when over the limit. */
 static __always_inline int icmp_allow(void)
 {
-	return gcra_allow(&icmp_buckets, bpf_ktime_get_coarse_ns(), cfg_icmp_interval_ns, cfg_icmp_burst_ns);
+	return gcra_allow(&icmp_buckets, coarse_now(), cfg_icmp_interval_ns, cfg_icmp_burst_ns);
 }
 
 /*

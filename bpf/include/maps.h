@@ -241,6 +241,20 @@ struct {
 	__uint(max_entries, 1);
 } insert_buckets SEC(".maps");
 
+/* Each CPU's copy of the coarse clock and the jiffies it was read at
+ * (clock.h). Not pinned. */
+struct clock_copy {
+	__u64 jiffies;
+	__u64 ns;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct clock_copy);
+	__uint(max_entries, 1);
+} clock_cache SEC(".maps");
+
 /* Per-CPU counters by enum l4lb_event. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);

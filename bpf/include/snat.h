@@ -44,6 +44,7 @@
 #ifndef L4LB_SNAT_H
 #define L4LB_SNAT_H
 
+#include "clock.h"
 #include "config.h"
 #include "conntrack.h"
 #include "csum.h"
@@ -587,7 +588,7 @@ static __always_inline int snat_bind(const struct packet *p, const struct select
 	 * fast path); keys and values go to maps whole, so their padding
 	 * must be zero too. */
 	s->rk.pad[0] = s->rk.pad[1] = s->rk.pad[2] = 0;
-	s->now = bpf_ktime_get_coarse_ns();
+	s->now = coarse_now();
 	s->flags = p->tcp_flags;
 	copy16(s->rk.backend_addr, be->addr);
 	s->rk.backend_port = be->port;
@@ -718,7 +719,7 @@ static __always_inline int snat_reply(const struct hook *h, const struct packet 
 	if (!s)
 		goto pass;
 	snat_reply_key(&s->rk, p);
-	now = bpf_ktime_get_coarse_ns();
+	now = coarse_now();
 	rv = snat_reply_binding(p, s, now, &ovf);
 	if (!rv)
 		goto pass;

@@ -124,7 +124,7 @@ struct flow_key {
 struct ct_value {
 	__u32 backend_id; /* host order; L4LB_CT_CLOSING in its top bit */
 	__u32 svc_id;     /* service the flow was balanced in; host order */
-	__u64 last_seen;  /* bpf_ktime_get_coarse_ns() of the latest packet, refreshed at most once a second */
+	__u64 last_seen;  /* coarse clock (clock.h) of the latest packet, refreshed at most once a second */
 	__u32 hash;       /* the flow hash's low 32 bits: outer-header entropy for encapsulation */
 	/* The svc_gen word of svc_id when the flow was last balanced or
 	 * checked against the service entry; 0 (entries of l4lb versions
@@ -274,7 +274,7 @@ struct affinity_key {
 struct affinity_value {
 	__u32 backend_id; /* host order */
 	__u32 pad;        /* always 0 */
-	__u64 last_seen;  /* bpf_ktime_get_coarse_ns() of the client's latest new flow (refreshed at most once a second) */
+	__u64 last_seen;  /* coarse clock (clock.h) of the client's latest new flow (refreshed at most once a second) */
 };
 
 /*
@@ -298,7 +298,7 @@ struct src_range_key {
  * cfg_icmp_interval_ns.
  */
 struct icmp_bucket {
-	__u64 tat;        /* bpf_ktime_get_coarse_ns() time */
+	__u64 tat;        /* coarse clock (clock.h) */
 };
 
 /* Per-CPU counters of one reason. */
@@ -328,7 +328,7 @@ struct snat_fwd_value {
 	__be16 snat_port;      /* network order */
 	__be16 backend_port;   /* network order */
 	__u32 backend_id;      /* host order; the binding is redone when the flow changes backend */
-	__u64 last_seen;       /* bpf_ktime_get_coarse_ns() of the latest client packet (throttled) */
+	__u64 last_seen;       /* coarse clock (clock.h) of the latest client packet (throttled) */
 	enum l4lb_snat_state state; /* as last seen by the forward path */
 	__u32 pad;             /* always 0 */
 };
@@ -350,7 +350,7 @@ struct snat_rev_value {
 	__be16 client_port;    /* network order */
 	__be16 vip_port;       /* network order */
 	__u32 svc_id;          /* host order */
-	__u64 last_seen;       /* bpf_ktime_get_coarse_ns() of the latest packet either way (throttled) */
+	__u64 last_seen;       /* coarse clock (clock.h) of the latest packet either way (throttled) */
 	enum l4lb_snat_state state;
 	/* L4LB_SNAT_ANSWERED; only entries of the overflow tables carry
 	 * flags (those of snat_rev are 0). */

@@ -5,9 +5,12 @@ package datapath_test
 import (
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
 
+	"github.com/l4lb/l4lb/bpf"
+	"github.com/l4lb/l4lb/internal/bpftest"
 	"github.com/l4lb/l4lb/lb"
 	"github.com/l4lb/l4lb/lb/datapath"
 	"github.com/l4lb/l4lb/lb/maglev"
@@ -420,6 +423,86 @@ func TestCounters(t *testing.T) {
 					}
 				}
 			})
+		}
+	}
+}
+
+// TestConntrackLastSeenFollowsClock checks the time an established flow's
+// entry carries. The datapath reads the coarse clock through a per-CPU copy
+// renewed whenever jiffies moved (bpf/include/clock.h): an entry a packet
+// refreshes must show the kernel's time of that packet, also when every
+// CPU's copy is old, and a refreshed entry is not rewritten by the next
+// packets within the one-second refresh step.
+func TestConntrackLastSeenFollowsClock(t *testing.T) {
+	const tick = 50 * time.Millisecond // more than a tick at any HZ
+	fam := families[0]
+	e := newEnv(t)
+	svc := dsrService("web", fam.vip, 80, lb.TCP, fam.backends[0], fam.backends[1])
+	e.reconcile(t, svc)
+	flows := randomFlows(svc.Frontend, 8, 1)
+	ct := e.lb.Maps()[bpf.LbMapConntrack]
+	entry := func(f maglev.Flow) bpf.LbCtValue {
+		t.Helper()
+		key := maglev.FlowKey(f)
+		var v bpf.LbCtValue
+		if err := ct.Lookup(key[:], &v); err != nil {
+			t.Fatalf("entry of flow %+v: %v", f, err)
+		}
+		return v
+	}
+	expectBetween := func(what string, got, lo, hi time.Duration) {
+		t.Helper()
+		if got < lo-tick || got > hi {
+			t.Errorf("%s: last_seen %s, want the kernel's time between %s and %s (less a tick)", what, got, lo, hi)
+		}
+	}
+
+	before := bpftest.KernelNow()
+	e.open(t, svc, flows)
+	after := bpftest.KernelNow()
+	for _, f := range flows {
+		expectBetween("new entry", time.Duration(entry(f).LastSeen), before, after)
+	}
+
+	// Every CPU's copy as if read 10 s ago, at a jiffies value that is
+	// not the current one (jiffies is 1 for one tick about five minutes
+	// after boot); entries idle for 20 s. The packet that ends their
+	// idleness must renew the copy, not stamp the entry 10 s ago.
+	clock := e.lb.Maps()[bpf.LbMapClockCache]
+	cpus, err := ebpf.PossibleCPU()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stale := make([]bpf.LbClockCopy, cpus)
+	for i := range stale {
+		stale[i] = bpf.LbClockCopy{Jiffies: 1, Ns: uint64(bpftest.KernelNow() - 10*time.Second)}
+	}
+	if err := clock.Put(uint32(0), stale); err != nil {
+		t.Fatalf("write the clock copies: %v", err)
+	}
+	idle := uint64(bpftest.KernelNow() - 20*time.Second)
+	for _, f := range flows {
+		key, v := maglev.FlowKey(f), entry(f)
+		v.LastSeen = idle
+		if err := ct.Put(key[:], &v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before = bpftest.KernelNow()
+	e.send(t, svc, flows)
+	after = bpftest.KernelNow()
+	refreshed := make([]time.Duration, len(flows))
+	for i, f := range flows {
+		refreshed[i] = time.Duration(entry(f).LastSeen)
+		expectBetween("entry idle for 20 s, clock copies 10 s old, then a packet", refreshed[i], before, after)
+	}
+
+	// Within the refresh step a packet leaves the entry as it is.
+	e.send(t, svc, flows)
+	for i, f := range flows {
+		if got := time.Duration(entry(f).LastSeen); got != refreshed[i] {
+			t.Errorf("flow %+v: a packet %s after the refresh moved last_seen from %s to %s, want it left (refresh step 1 s)",
+				f, bpftest.KernelNow()-refreshed[i], refreshed[i], got)
 		}
 	}
 }
