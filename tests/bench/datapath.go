@@ -64,8 +64,9 @@ func backend(v6 bool, i int) netip.Addr {
 }
 
 func newRig(t *testnet.Script, obj []byte) *rig {
-	ns := testnet.NewNS(t, "bench")
-	peer := testnet.NewNS(t, "benchpeer")
+	// Anonymous: a bench stopped with ^C or killed leaves no namespace.
+	ns := testnet.NewAnonNS(t, "bench")
+	peer := testnet.NewAnonNS(t, "benchpeer")
 	testnet.Veth(t, ns, "lb0", peer, "peer0")
 	ns.AddAddr(t, "lb0", "10.0.0.1/16")
 	ns.AddAddr(t, "lb0", "fd00::1/64")
