@@ -4,12 +4,10 @@ package main
 
 import (
 	"fmt"
-	"net/netip"
 	"slices"
 	"strings"
 	"time"
 
-	"github.com/l4lb/l4lb/internal/pkttest"
 	"github.com/l4lb/l4lb/internal/testnet"
 	"github.com/l4lb/l4lb/lb"
 )
@@ -41,13 +39,7 @@ func benchAB(t *testnet.Script, objs [][]byte, names []string, v6 bool, rounds, 
 		}
 	}
 	fl.program(t, targets()[0])
-	pkt := func(r *rig, tg target, sport uint16, syn, ack bool) []byte {
-		return pkttest.Build(t, pkttest.Packet{
-			DstMAC: r.mac, Src: netip.AddrPortFrom(tg.client(), sport), Dst: netip.AddrPortFrom(tg.vip(), tg.port),
-			SYN: syn, ACK: ack, Payload: make([]byte, 64),
-		})
-	}
-	floorFrame := pkt(rigs[0], targets()[0], 2000, false, true)
+	floorFrame := rigs[0].packet(t, targets()[0], 2000, false, true)
 	paths := fl.paths(hookXDP, floorFrame)
 	on := []*rig{rigs[0], rigs[0]}
 	// A group is one path of every build: at[i] indexes build i's.
@@ -65,33 +57,22 @@ func benchAB(t *testnet.Script, objs [][]byte, names []string, v6 bool, rounds, 
 		}
 		groups = append(groups, g)
 	}
-	nonVIPDst := netip.MustParseAddrPort("192.0.2.99:80")
-	if v6 {
-		nonVIPDst = netip.MustParseAddrPort("[2001:db8::99]:80")
-	}
 	add("non-VIP pass-through", func(r *rig) func(int) []byte {
-		frame := pkttest.Build(t, pkttest.Packet{DstMAC: r.mac, Src: netip.AddrPortFrom(tgs[0].client(), 1000),
-			Dst: nonVIPDst, ACK: true, Payload: make([]byte, 64)})
+		frame := r.nonVIP(t, v6)
 		return func(int) []byte { return frame }
 	})
-	nextPort := uint16(10000)
-	fresh := func(r *rig, tg target, syn bool) func(int) []byte {
-		base := nextPort
-		nextPort += 5000
-		return func(i int) []byte { return pkt(r, tg, base+uint16(i%5000), syn, !syn) }
-	}
 	for _, tg := range tgs {
 		add(tg.name+": established", func(r *rig) func(int) []byte {
-			est := pkt(r, tg, 2000, false, true)
+			est := r.packet(t, tg, 2000, false, true)
 			r.establish(t, r.lb.Program(), hookXDP, tg, est)
 			return func(int) []byte { return est }
 		})
 	}
 	for _, tg := range tgs {
-		add(tg.name+": new flow, SYN", func(r *rig) func(int) []byte { return fresh(r, tg, true) })
+		add(tg.name+": new flow, SYN", func(r *rig) func(int) []byte { return r.fresh(t, tg, true) })
 	}
 	for _, tg := range tgs {
-		add(tg.name+": new flow, first non-SYN", func(r *rig) func(int) []byte { return fresh(r, tg, false) })
+		add(tg.name+": new flow, first non-SYN", func(r *rig) func(int) []byte { return r.fresh(t, tg, false) })
 	}
 
 	// The build that runs first moves round by round: whichever runs

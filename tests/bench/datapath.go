@@ -45,6 +45,8 @@ type rig struct {
 	rec     *reconciler.Reconciler
 	ifindex uint32
 	mac     net.HardwareAddr
+	// nextPort is the first client port of the next fresh range.
+	nextPort uint16
 }
 
 const maxServices = 100_001
@@ -94,7 +96,34 @@ func newRig(t *testnet.Script, obj []byte) *rig {
 	t.Cleanup(func() { d.Close() })
 	rec := reconciler.New(reconciler.Config{Seed: benchSeed, MaxServices: maxServices, MaxBackends: maxServices * 3}, d, nil)
 	l := ns.Link(t, "lb0")
-	return &rig{ns: ns, lb: d, rec: rec, ifindex: uint32(l.Attrs().Index), mac: l.Attrs().HardwareAddr}
+	return &rig{ns: ns, lb: d, rec: rec, ifindex: uint32(l.Attrs().Index), mac: l.Attrs().HardwareAddr, nextPort: 10000}
+}
+
+// packet is a TCP packet of tg's client from port sport to tg's frontend,
+// as received on the rig's lb0.
+func (r *rig) packet(t *testnet.Script, tg target, sport uint16, syn, ack bool) []byte {
+	return pkttest.Build(t, pkttest.Packet{
+		DstMAC: r.mac, Src: netip.AddrPortFrom(tg.client(), sport), Dst: netip.AddrPortFrom(tg.vip(), tg.port),
+		SYN: syn, ACK: ack, Payload: make([]byte, 64),
+	})
+}
+
+// nonVIP is a packet of the family's client to an address no service has.
+func (r *rig) nonVIP(t *testnet.Script, v6 bool) []byte {
+	src, dst := netip.AddrPortFrom(client4, 1000), netip.MustParseAddrPort("192.0.2.99:80")
+	if v6 {
+		src, dst = netip.AddrPortFrom(client6, 1000), netip.MustParseAddrPort("[2001:db8::99]:80")
+	}
+	return pkttest.Build(t, pkttest.Packet{DstMAC: r.mac, Src: src, Dst: dst, ACK: true, Payload: make([]byte, 64)})
+}
+
+// fresh gives a new-flow path its packets: every run a client port never
+// used before, in a range of its own per path, so a "new" flow is really
+// new.
+func (r *rig) fresh(t *testnet.Script, tg target, syn bool) func(int) []byte {
+	base := r.nextPort
+	r.nextPort += 5000
+	return func(i int) []byte { return r.packet(t, tg, base+uint16(i%5000), syn, !syn) }
 }
 
 // filler returns n IPv4 DSR services on VIPs 198.18.x.y:80 that only make
@@ -232,23 +261,13 @@ type timing struct{ med, lo, hi time.Duration }
 // measure times each path: rounds interleave the paths so that machine
 // noise spreads over all of them alike.
 func (r *rig) measure(t *testnet.Script, paths []path, rounds, runs int) []timing {
-	on := make([]*rig, len(paths))
-	for i := range on {
-		on[i] = r
-	}
-	return summarize(measureRounds(t, paths, on, rounds, runs))
-}
-
-// measureRounds times each path (paths[i] in the namespace of on[i]),
-// rounds interleaving the paths, and returns each path's round medians.
-func measureRounds(t *testnet.Script, paths []path, on []*rig, rounds, runs int) [][]time.Duration {
 	meds := make([][]time.Duration, len(paths))
 	for range rounds {
 		for i, p := range paths {
-			meds[i] = append(meds[i], median(on[i].timeRuns(t, p.prog, p.hook, runs, p.next)))
+			meds[i] = append(meds[i], median(r.timeRuns(t, p.prog, p.hook, runs, p.next)))
 		}
 	}
-	return meds
+	return summarize(meds)
 }
 
 // summarize turns round medians into timings.
@@ -299,26 +318,9 @@ func benchDatapath(t *testnet.Script, rounds, runs int) {
 		t.Fatalf("reconcile: %v", err)
 	}
 	fl.program(t, tgs[0])
-	pkt := func(tg target, sport uint16, syn, ack bool) []byte {
-		return pkttest.Build(t, pkttest.Packet{
-			DstMAC: r.mac, Src: netip.AddrPortFrom(tg.client(), sport), Dst: netip.AddrPortFrom(tg.vip(), tg.port),
-			SYN: syn, ACK: ack, Payload: make([]byte, 64),
-		})
-	}
 	progs := map[hookKind]*ebpf.Program{hookXDP: r.lb.Program(), hookTC: r.lb.ProgramTC()}
-	floorFrame := pkt(tgs[0], 2000, false, true)
-	nonVIP := pkttest.Build(t, pkttest.Packet{DstMAC: r.mac, Src: netip.AddrPortFrom(client4, 1000),
-		Dst: netip.MustParseAddrPort("192.0.2.99:80"), ACK: true, Payload: make([]byte, 64)})
-	// Source ports of new flows: every run a port never used before, in a
-	// range of its own per hook and path, so a "new" flow is really new.
-	nextPort := uint16(10000)
-	fresh := func(tg target, syn bool) func(int) []byte {
-		base := nextPort
-		nextPort += 5000
-		return func(i int) []byte {
-			return pkt(tg, base+uint16(i%5000), syn, !syn)
-		}
-	}
+	floorFrame := r.packet(t, tgs[0], 2000, false, true)
+	nonVIP := r.nonVIP(t, false)
 
 	fmt.Printf("\nper-packet cost, kernel-timed with BPF_PROG_TEST_RUN (repeat 1), one fresh 64-byte-payload TCP packet per run;\n"+
 		"ns = median of %d interleaved rounds x %d packets (min-max of the round medians); net = ns - the empty program;\n"+
@@ -329,7 +331,7 @@ func benchDatapath(t *testnet.Script, rounds, runs int) {
 		paths := fl.paths(k, floorFrame)
 		paths = append(paths, path{"non-VIP pass-through", k, progs[k], func(int) []byte { return nonVIP }, "nonvip"})
 		for _, tg := range tgs {
-			est := pkt(tg, 2000+uint16(k), false, true)
+			est := r.packet(t, tg, 2000+uint16(k), false, true)
 			// Put the established flow in the tables (SNAT: the
 			// handshake's client ACK and a reply make it established).
 			r.establish(t, progs[k], k, tg, est)
@@ -337,10 +339,10 @@ func benchDatapath(t *testnet.Script, rounds, runs int) {
 				path{tg.name + ": established", k, progs[k], func(int) []byte { return est }, "established"},
 				// Every SYN is a new client port: a new flow for every
 				// run, which for SNAT means allocating a new binding.
-				path{tg.name + ": new flow, SYN", k, progs[k], fresh(tg, true), "syn"},
+				path{tg.name + ": new flow, SYN", k, progs[k], r.fresh(t, tg, true), "syn"},
 				// The first packet without SYN of a flow the table does
 				// not know: balanced and recorded.
-				path{tg.name + ": new flow, first non-SYN", k, progs[k], fresh(tg, false), "first"},
+				path{tg.name + ": new flow, first non-SYN", k, progs[k], r.fresh(t, tg, false), "first"},
 			)
 		}
 		res := r.measure(t, paths, rounds, runs)
@@ -372,7 +374,7 @@ func benchDatapath(t *testnet.Script, rounds, runs int) {
 		fmt.Printf("  %-18s %.2fx - %.2fx\n", k, slices.Min(v), slices.Max(v))
 	}
 
-	benchScale(t, r, fl, svcs, tgs, floorFrame, nonVIP, pkt, fresh, rounds, runs)
+	benchScale(t, r, fl, svcs, tgs, floorFrame, nonVIP, rounds, runs)
 }
 
 func isIPv4(name string) bool { return strings.Contains(name, "IPv4") }
@@ -421,18 +423,17 @@ func (r *rig) establish(t *testnet.Script, prog *ebpf.Program, k hookKind, tg ta
 
 // benchScale times the main paths with the service map holding 1 (the
 // targets), 10,000 and 100,000 services, floors measured alongside each.
-func benchScale(t *testnet.Script, r *rig, fl *floorSet, svcs []lb.Service, tgs []target, floorFrame, nonVIP []byte,
-	pkt func(target, uint16, bool, bool) []byte, fresh func(target, bool) func(int) []byte, rounds, runs int) {
+func benchScale(t *testnet.Script, r *rig, fl *floorSet, svcs []lb.Service, tgs []target, floorFrame, nonVIP []byte, rounds, runs int) {
 	prog := r.lb.Program()
-	estIP := pkt(tgs[0], 2000, false, true)
-	estSNAT := pkt(tgs[3], 2000, false, true)
+	estIP := r.packet(t, tgs[0], 2000, false, true)
+	estSNAT := r.packet(t, tgs[3], 2000, false, true)
 	scalePaths := func() []path {
 		p := fl.paths(hookXDP, floorFrame)
 		return append(p,
 			path{"non-VIP pass-through", hookXDP, prog, func(int) []byte { return nonVIP }, "nonvip"},
 			path{"dsr/ipip IPv4: established", hookXDP, prog, func(int) []byte { return estIP }, "established"},
-			path{"dsr/ipip IPv4: new flow, SYN", hookXDP, prog, fresh(tgs[0], true), "syn"},
-			path{"dsr/ipip IPv4: new flow, first non-SYN", hookXDP, prog, fresh(tgs[0], false), "first"},
+			path{"dsr/ipip IPv4: new flow, SYN", hookXDP, prog, r.fresh(t, tgs[0], true), "syn"},
+			path{"dsr/ipip IPv4: new flow, first non-SYN", hookXDP, prog, r.fresh(t, tgs[0], false), "first"},
 			path{"snat IPv4: established", hookXDP, prog, func(int) []byte { return estSNAT }, "established"},
 		)
 	}
