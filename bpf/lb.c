@@ -21,6 +21,7 @@
 #include "include/conntrack.h"
 #include "include/encap.h"
 #include "include/filter.h"
+#include "include/flowcache.h"
 #include "include/forward.h"
 #include "include/hook.h"
 #include "include/icmp.h"
@@ -406,11 +407,13 @@ static __always_inline int lb_process(const struct hook *h, struct icmp_todo *to
 	struct svc_key sk = {};
 	struct selection sel;
 	struct svc_value *svc;
+	struct flow_cache_entry *fc;
 	struct ct_value *ct;
 	struct too_big tb = {};
 	void *data, *data_end;
 	int reason = -1, verdict, r;
-	__u32 svc_id, mode, dispatch, word;
+	__u32 svc_id, mode, dispatch, word, gen;
+	__u64 now;
 
 	hook_pull(h, PARSE_PULL);
 	data = hook_data(h);
@@ -445,25 +448,48 @@ static __always_inline int lb_process(const struct hook *h, struct icmp_todo *to
 	/*
 	 * The established fast path: a flow the connection table knows,
 	 * whose service has not changed since (ct_established), is forwarded
-	 * by its entry alone. Anything else takes the full path below.
+	 * by its entry alone, read from this CPU's flow cache while the copy
+	 * there is usable (flowcache.h). Anything else takes the full path
+	 * below.
 	 */
+	now = coarse_now();
+	gen = flow_cache_gen();
+	fc = NULL;
+	if (flow_cache_may(p) && !p->vlan) {
+		fc = flow_cache_slot(&p->key);
+		if (fc && !flow_cache_hit(fc, p, now, gen))
+			goto lookup;
+	}
+	if (fc) {
+		sel.be = established_backend(fc->svc_id, fc->svc_word, fc->backend_id, &word);
+		if (sel.be) {
+			if (L4LB_WORD_MODE(word) == L4LB_MODE_SNAT && snat_ttl_expired(h, p)) {
+				count_reason(L4LB_R_PASS_TTL_EXCEEDED, p->l3_len);
+				return hook_pass(h);
+			}
+			svc_id = fc->svc_id;
+			sel.backend_id = fc->backend_id;
+			sel.hash = fc->hash;
+			goto established;
+		}
+	}
+lookup:
 	ct = bpf_map_lookup_elem(&conntrack, &p->key);
 	if (ct && !p->vlan) {
 		sel.be = ct_established(ct, &word);
 		if (sel.be) {
-			mode = L4LB_WORD_MODE(word);
-			dispatch = L4LB_WORD_DISPATCH(word);
 			svc_id = ct->svc_id;
-			if (mode == L4LB_MODE_SNAT && snat_ttl_expired(h, p)) {
+			if (L4LB_WORD_MODE(word) == L4LB_MODE_SNAT && snat_ttl_expired(h, p)) {
 				count_reason(L4LB_R_PASS_TTL_EXCEEDED, p->l3_len);
 				return hook_pass(h);
 			}
-			ct_touch(ct, coarse_now());
+			ct_touch(ct, now);
 			ct_track_close(ct, p);
 			sel.backend_id = L4LB_CT_ID(ct->backend_id);
 			sel.hash = ct->hash;
-			sel.new_flow = 0;
-			goto forward;
+			if (fc)
+				flow_cache_fill(fc, p, ct, word, now, gen);
+			goto established;
 		}
 	}
 
@@ -496,7 +522,12 @@ static __always_inline int lb_process(const struct hook *h, struct icmp_todo *to
 	mode = svc->mode;
 	dispatch = svc->dispatch;
 	svc_id = svc->id;
+	goto forward;
 
+established:
+	mode = L4LB_WORD_MODE(word);
+	dispatch = L4LB_WORD_DISPATCH(word);
+	sel.new_flow = 0;
 forward:
 	switch (mode) {
 	case L4LB_MODE_DSR:

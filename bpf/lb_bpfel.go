@@ -58,6 +58,18 @@ type LbCtValue struct {
 	SvcWord   uint32
 }
 
+type LbFlowCacheEntry struct {
+	_         structs.HostLayout
+	Key       LbFlowKey
+	Filled    uint64
+	BackendId uint32
+	SvcId     uint32
+	SvcWord   uint32
+	Hash      uint32
+	Gen       uint32
+	Pad       uint32
+}
+
 type LbFlowKey struct {
 	_     structs.HostLayout
 	Src   [16]uint8
@@ -291,7 +303,9 @@ const (
 	LbMapBackends             = "backends"
 	LbMapClockCache           = "clock_cache"
 	LbMapConntrack            = "conntrack"
+	LbMapCtGen                = "ct_gen"
 	LbMapEvents               = "events"
+	LbMapFlowCache            = "flow_cache"
 	LbMapHandshakes           = "handshakes"
 	LbMapIcmpBuckets          = "icmp_buckets"
 	LbMapInsertBuckets        = "insert_buckets"
@@ -396,7 +410,9 @@ type LbMapSpecs struct {
 	Backends        *ebpf.MapSpec `ebpf:"backends"`
 	ClockCache      *ebpf.MapSpec `ebpf:"clock_cache"`
 	Conntrack       *ebpf.MapSpec `ebpf:"conntrack"`
+	CtGen           *ebpf.MapSpec `ebpf:"ct_gen"`
 	Events          *ebpf.MapSpec `ebpf:"events"`
+	FlowCache       *ebpf.MapSpec `ebpf:"flow_cache"`
 	Handshakes      *ebpf.MapSpec `ebpf:"handshakes"`
 	IcmpBuckets     *ebpf.MapSpec `ebpf:"icmp_buckets"`
 	InsertBuckets   *ebpf.MapSpec `ebpf:"insert_buckets"`
@@ -473,7 +489,9 @@ type LbMaps struct {
 	Backends        *ebpf.Map `ebpf:"backends"`
 	ClockCache      *ebpf.Map `ebpf:"clock_cache"`
 	Conntrack       *ebpf.Map `ebpf:"conntrack"`
+	CtGen           *ebpf.Map `ebpf:"ct_gen"`
 	Events          *ebpf.Map `ebpf:"events"`
+	FlowCache       *ebpf.Map `ebpf:"flow_cache"`
 	Handshakes      *ebpf.Map `ebpf:"handshakes"`
 	IcmpBuckets     *ebpf.Map `ebpf:"icmp_buckets"`
 	InsertBuckets   *ebpf.Map `ebpf:"insert_buckets"`
@@ -502,7 +520,9 @@ func (m *LbMaps) Close() error {
 		m.Backends,
 		m.ClockCache,
 		m.Conntrack,
+		m.CtGen,
 		m.Events,
+		m.FlowCache,
 		m.Handshakes,
 		m.IcmpBuckets,
 		m.InsertBuckets,

@@ -115,6 +115,31 @@ struct {
 } conntrack SEC(".maps");
 
 /*
+ * The flow cache (flowcache.h): per CPU, direct-mapped, holding copies of
+ * conntrack entries. Not pinned: a new program starts with an empty cache.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct flow_cache_entry);
+	__uint(max_entries, L4LB_FLOW_CACHE_SLOTS);
+} flow_cache SEC(".maps");
+
+/*
+ * The generation of the connection table's contents: bumped by the control
+ * plane whenever it deletes or rewrites entries, which empties every CPU's
+ * flow cache at once. Pinned, so that the program an earlier l4lbd attached
+ * and the maps a later one uses agree on it.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(max_entries, 1);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} ct_gen SEC(".maps");
+
+/*
  * TCP handshakes in flight: what a DSR flow's SYN was sent to, in the
  * bucket of its flow hash (struct handshake_bucket; cfg_handshake_mask + 1
  * buckets, a power of two). A SYN makes no connection entry (conntrack.h), so without this a

@@ -133,6 +133,25 @@ struct ct_value {
 };
 
 /*
+ * A slot of the flow cache (flowcache.h): a copy of what the established
+ * fast path reads from a conntrack entry, with the key it belongs to.
+ * backend_id 0: an empty slot.
+ */
+struct flow_cache_entry {
+	struct flow_key key;
+	__u64 filled;      /* coarse clock (clock.h) when copied from the conntrack entry */
+	__u32 backend_id;  /* without L4LB_CT_CLOSING */
+	__u32 svc_id;
+	__u32 svc_word;    /* the svc_gen word the entry was accepted under */
+	__u32 hash;        /* as ct_value.hash */
+	__u32 gen;         /* ct_gen when filled */
+	__u32 pad;
+};
+
+/* Slots of each CPU's flow cache: a power of two. */
+#define L4LB_FLOW_CACHE_SLOTS 4096
+
+/*
  * One DSR SYN's choice in the handshakes map: its full 64-bit flow hash
  * (SipHash keyed with the secret seed, so a spoofer cannot aim at another
  * flow's slot), the backend it went to and its service. Written without a

@@ -131,6 +131,7 @@ type LB struct {
 	affinity     *ebpf.Map
 	srcRanges    *ebpf.Map
 	svcGen       *ebpf.Map
+	ctGen        *ebpf.Map // the generation of conntrack's contents (bpf/include/flowcache.h)
 	events       *ebpf.Map
 	svcStats     *ebpf.Map
 	backendStats *ebpf.Map
@@ -227,6 +228,7 @@ func Load(cfg Config) (*LB, error) {
 		affinity:     coll.Maps[bpf.LbMapAffinity],
 		srcRanges:    coll.Maps[bpf.LbMapSrcRanges],
 		svcGen:       coll.Maps[bpf.LbMapSvcGen],
+		ctGen:        coll.Maps[bpf.LbMapCtGen],
 		events:       coll.Maps[bpf.LbMapEvents],
 		svcStats:     coll.Maps[bpf.LbMapSvcStats],
 		backendStats: coll.Maps[bpf.LbMapBackendStats],

@@ -126,6 +126,32 @@ func (r *rig) fresh(t *testnet.Script, tg target, syn bool) func(int) []byte {
 	return func(i int) []byte { return r.packet(t, tg, base+uint16(i%5000), syn, !syn) }
 }
 
+// cacheMissFlows is how many established flows the flow-cache-miss path
+// cycles through: four times the slots of a CPU's flow cache
+// (L4LB_FLOW_CACHE_SLOTS), so that almost every packet finds its slot
+// taken by another flow and reads the connection table.
+const cacheMissFlows = 4 * 4096
+
+// many establishes cacheMissFlows flows of tg from a client address of
+// their own (so no other path's ports collide with them) and returns a
+// packet source that cycles through them, round after round.
+func (r *rig) many(t *testnet.Script, prog *ebpf.Program, k hookKind, tg target) func(int) []byte {
+	src := tg.client().Next()
+	frames := make([][]byte, cacheMissFlows)
+	for i := range frames {
+		frames[i] = pkttest.Build(t, pkttest.Packet{
+			DstMAC: r.mac, Src: netip.AddrPortFrom(src, uint16(1024+i)), Dst: netip.AddrPortFrom(tg.vip(), tg.port),
+			ACK: true, Payload: make([]byte, 64),
+		})
+	}
+	r.timeRuns(t, prog, k, cacheMissFlows, func(i int) []byte { return frames[i] })
+	next := 0
+	return func(int) []byte {
+		next = (next + 1) % cacheMissFlows
+		return frames[next]
+	}
+}
+
 // filler returns n IPv4 DSR services on VIPs 198.18.x.y:80 that only make
 // the service map big; they are never sent traffic.
 func filler(n int) []lb.Service {
@@ -344,6 +370,11 @@ func benchDatapath(t *testnet.Script, rounds, runs int) {
 				// not know: balanced and recorded.
 				path{tg.name + ": new flow, first non-SYN", k, progs[k], r.fresh(t, tg, false), "first"},
 			)
+			if tg.mode != lb.ModeSNAT {
+				// Established flows that miss the flow cache: many
+				// flows, cycled (bpf/include/flowcache.h).
+				paths = append(paths, path{tg.name + ": established, flow-cache miss", k, progs[k], r.many(t, progs[k], k, tg), "established-miss"})
+			}
 		}
 		res := r.measure(t, paths, rounds, runs)
 		report(k.String(), paths, res)
@@ -354,7 +385,7 @@ func benchDatapath(t *testnet.Script, rounds, runs int) {
 					continue
 				}
 				key := p.kind
-				if p.kind == "established" || p.kind == "syn" || p.kind == "first" {
+				if p.kind == "established" || p.kind == "established-miss" || p.kind == "syn" || p.kind == "first" {
 					if isSNAT(p.name) {
 						key += " snat"
 					} else {
@@ -366,7 +397,7 @@ func benchDatapath(t *testnet.Script, rounds, runs int) {
 		}
 	}
 	fmt.Printf("\nsummary, XDP IPv4, net cost / parse+lookup floor (range over dispatches):\n")
-	for _, k := range []string{"established dsr", "established snat", "syn dsr", "syn snat", "first dsr", "first snat", "nonvip"} {
+	for _, k := range []string{"established dsr", "established snat", "established-miss dsr", "syn dsr", "syn snat", "first dsr", "first snat", "nonvip"} {
 		v := summary[k]
 		if len(v) == 0 {
 			continue

@@ -1,0 +1,94 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * The flow cache: a per-CPU, direct-mapped copy of the connection-table
+ * entries of the flows a CPU forwards, in front of the conntrack LRU.
+ *
+ * Why: a hash-map lookup is a call into the kernel (the hash, the bucket
+ * walk, a memcmp of the 40-byte key), the largest part of what an
+ * established packet costs; an array slot is read inline. The cache is the
+ * exact-match cache of a software switch: one slot per hash of the 5-tuple,
+ * holding the key and what the established fast path needs.
+ *
+ * It never decides anything the connection table would not. A hit is used
+ * only while
+ *   - the slot was filled from the conntrack entry less than CT_REFRESH_NS
+ *     ago on this CPU, so the entry's last_seen and its LRU reference are
+ *     still refreshed through a real lookup as often as before;
+ *   - ct_gen is what it was at the fill: the control plane bumps it whenever
+ *     it deletes or rewrites connection entries (conntrack flush), so a
+ *     flushed flow is balanced again on its next packet;
+ *   - the packet is no TCP SYN, FIN or RST, which take the real lookup to
+ *     keep the entry's closing flag;
+ * and, as for an entry read from the table, while the service id still
+ * holds the svc_gen word the flow was balanced under and the backend is
+ * still the service's (ct_established). Slots are per CPU, so no other CPU
+ * writes them; a slot taken by another flow is a miss.
+ */
+#ifndef L4LB_FLOWCACHE_H
+#define L4LB_FLOWCACHE_H
+
+#include "conntrack.h"
+
+_Static_assert((L4LB_FLOW_CACHE_SLOTS & (L4LB_FLOW_CACHE_SLOTS - 1)) == 0, "flow_cache_slot masks");
+
+/* The slot of key in this CPU's cache: a multiplicative hash of the five
+ * words of the key (not the flow hash, which a miss would pay for). */
+static __always_inline struct flow_cache_entry *flow_cache_slot(const struct flow_key *k)
+{
+	const __u64 *m = (const __u64 *)k;
+	__u64 x = (m[0] ^ m[1] ^ (m[2] << 1) ^ (m[3] << 1)) * 0x9e3779b97f4a7c15ULL;
+	__u32 idx;
+
+	x = (x ^ m[4]) * 0xff51afd7ed558ccdULL;
+	idx = (__u32)(x >> 40) & (L4LB_FLOW_CACHE_SLOTS - 1);
+	return bpf_map_lookup_elem(&flow_cache, &idx);
+}
+
+/* The generation of the connection table's contents (see above). */
+static __always_inline __u32 flow_cache_gen(void)
+{
+	__u32 zero = 0;
+	__u32 *g = bpf_map_lookup_elem(&ct_gen, &zero);
+
+	return g ? *g : 0;
+}
+
+static __always_inline int flow_key_eq(const struct flow_key *a, const struct flow_key *b)
+{
+	const __u64 *x = (const __u64 *)a, *y = (const __u64 *)b;
+
+	return ((x[0] ^ y[0]) | (x[1] ^ y[1]) | (x[2] ^ y[2]) | (x[3] ^ y[3]) | (x[4] ^ y[4])) == 0;
+}
+
+/* May p's flow be forwarded from the cache at all? A SYN, FIN or RST
+ * goes to the connection table (see above); asked before the slot is read,
+ * so that new flows' SYNs do not pay for reading it. */
+static __always_inline int flow_cache_may(const struct packet *p)
+{
+	return p->key.proto != IPPROTO_TCP || !(p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_FIN | TCP_FLAG_RST));
+}
+
+/* Does fc hold p's flow, still usable at now under generation gen? */
+static __always_inline int flow_cache_hit(const struct flow_cache_entry *fc, const struct packet *p, __u64 now,
+					  __u32 gen)
+{
+	if (!fc->backend_id || fc->gen != gen || now - fc->filled >= CT_REFRESH_NS)
+		return 0;
+	return flow_key_eq(&fc->key, &p->key);
+}
+
+/* Fill fc from the conntrack entry ct of p's flow, which ct_established
+ * accepted under word. */
+static __always_inline void flow_cache_fill(struct flow_cache_entry *fc, const struct packet *p,
+					    const struct ct_value *ct, __u32 word, __u64 now, __u32 gen)
+{
+	fc->key = p->key;
+	fc->filled = now;
+	fc->backend_id = L4LB_CT_ID(ct->backend_id);
+	fc->svc_id = ct->svc_id;
+	fc->svc_word = word;
+	fc->hash = ct->hash;
+	fc->gen = gen;
+}
+
+#endif
