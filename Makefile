@@ -110,15 +110,17 @@ bench:
 # The datapath built from the working tree's C against the object committed
 # at BASE (a commit; default HEAD), every XDP path of both timed in one
 # process, round by round: two processes differ by more than most changes
-# to the C are worth (docs/datapath.md). Both objects must have the map
-# layouts of the working tree's Go bindings. AB_FLAGS=-6 times IPv6 paths.
+# to the C are worth (docs/datapath.md). C is BASE's object again, a
+# control: its C/A is how far A against itself strays in this run. The
+# objects must have the map layouts of the working tree's Go bindings.
+# AB_FLAGS=-6 times IPv6 paths.
 BASE     ?= HEAD
 AB_FLAGS ?=
 bench-ab: generate
 	@base=$$(mktemp --suffix=.o) && trap 'rm -f '"$$base" EXIT && \
 	git show $(BASE):bpf/lb_bpfel.o > "$$base" && \
-	$(GO) run ./tests/bench -a "$$base" -b bpf/lb_bpfel.o -rounds 15 \
-		-names "$(BASE) (bpf/lb_bpfel.o as committed),the working tree (make generate)" $(AB_FLAGS)
+	$(GO) run ./tests/bench -a "$$base" -b bpf/lb_bpfel.o,"$$base" -rounds 15 \
+		-names "$(BASE) (bpf/lb_bpfel.o as committed),the working tree (make generate),$(BASE) again (the control: what A against itself reads)" $(AB_FLAGS)
 
 # The datapath fuzzer (lb/datapath/fuzz_test.go): both BPF entry points on
 # frames the engine mutates from the seed corpus, checked by an oracle of

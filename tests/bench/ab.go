@@ -69,6 +69,11 @@ func benchAB(t *testnet.Script, objs [][]byte, names []string, v6 bool, rounds, 
 		})
 	}
 	for _, tg := range tgs {
+		if tg.mode != lb.ModeSNAT {
+			add(tg.name+manyName, func(r *rig) func(int) []byte { return r.many(t, r.lb.Program(), hookXDP, tg) })
+		}
+	}
+	for _, tg := range tgs {
 		add(tg.name+": new flow, SYN", func(r *rig) func(int) []byte { return r.fresh(t, tg, true) })
 	}
 	for _, tg := range tgs {
@@ -80,7 +85,7 @@ func benchAB(t *testnet.Script, objs [][]byte, names []string, v6 bool, rounds, 
 	// helpers) warm.
 	meds := make([][]time.Duration, len(paths))
 	time1 := func(i int) {
-		meds[i] = append(meds[i], median(on[i].timeRuns(t, paths[i].prog, paths[i].hook, runs, paths[i].next)))
+		meds[i] = append(meds[i], roundCost(on[i].timeRuns(t, paths[i].prog, paths[i].hook, runs, paths[i].next)))
 	}
 	for round := range rounds {
 		time1(0)
