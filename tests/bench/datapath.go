@@ -353,9 +353,9 @@ func report(title string, paths []path, res []timing) {
 
 // benchDatapath times every packet path at both hooks next to the floors,
 // then the main paths at 1, 10,000 and 100,000 services, then a backend
-// change on real maps.
-func benchDatapath(t *testnet.Script, rounds, runs int) {
-	r := newRig(t, nil)
+// change on real maps; obj is the LB object to time (nil: the embedded one).
+func benchDatapath(t *testnet.Script, obj []byte, rounds, runs int) {
+	r := newRig(t, obj)
 	fl := loadFloors(t)
 
 	tgs := targets()

@@ -25,7 +25,7 @@ import (
 func main() {
 	rounds := flag.Int("rounds", 7, "rounds per path")
 	runs := flag.Int("runs", 3000, "packets per round")
-	a := flag.String("a", "", "A/B mode: the baseline LB object A (an lb_bpfel.o); empty takes the embedded one")
+	a := flag.String("a", "", "A/B mode: the baseline LB object A (an lb_bpfel.o); empty takes the embedded one. Without -b: the full table for this object instead of the embedded one")
 	b := flag.String("b", "", "A/B mode: the LB objects to compare with A, comma-separated, path by path in one process")
 	v6 := flag.Bool("6", false, "A/B mode: IPv6 paths instead of IPv4")
 	labels := flag.String("names", "", "A/B mode: comma-separated names of the objects, for the report")
@@ -35,7 +35,15 @@ func main() {
 		os.Exit(1)
 	}
 	t := &testnet.Script{}
-	run := func() { benchDatapath(t, *rounds, *runs) }
+	var obj []byte
+	if *a != "" && *b == "" {
+		var err error
+		if obj, err = os.ReadFile(*a); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+	}
+	run := func() { benchDatapath(t, obj, *rounds, *runs) }
 	if *b != "" {
 		objs, names, err := readObjects(*a, *b)
 		if err != nil {
