@@ -90,8 +90,7 @@ static __always_inline int dsr_encap(const struct hook *h, const struct packet *
 	int r;
 
 	encap_source(p->family, sel->hash, src);
-	r = route_to_backend(h, p->family, src, sel->backend_id, sel->be->addr, sel->hash, p->l3_len + hdr,
-			  segment_len(h, p, hdr), &rt);
+	r = route_to_backend(h, p->family, src, sel, p->l3_len + hdr, segment_len(h, p, hdr), &rt);
 	if (r == L4LB_R_DROP_FRAG_NEEDED)
 		return frag_needed(h, rt.mtu, hdr, tb, reason);
 	if (r >= 0)
@@ -123,8 +122,7 @@ static __always_inline int dsr_opt(const struct hook *h, const struct packet *p,
 	r = trim_to_l3(h, p);
 	if (r >= 0)
 		goto drop;
-	r = route_to_backend(h, p->family, p->key.src, sel->backend_id, sel->be->addr, sel->hash, p->l3_len + len,
-			  segment_len(h, p, len), &rt);
+	r = route_to_backend(h, p->family, p->key.src, sel, p->l3_len + len, segment_len(h, p, len), &rt);
 	if (r == L4LB_R_DROP_FRAG_NEEDED)
 		return frag_needed(h, rt.mtu, len, tb, reason);
 	if (r >= 0)
@@ -174,7 +172,7 @@ static __always_inline int icmp_to_dsr_backend(const struct hook *h, const struc
 		goto drop;
 	if (svc->dispatch != L4LB_DISPATCH_OPT)
 		return dsr_dispatch(h, svc->dispatch, p, &sel, &tb, reason);
-	r = route_to_backend(h, p->family, p->key.dst, sel.backend_id, sel.be->addr, sel.hash, p->l3_len, p->l3_len, &rt);
+	r = route_to_backend(h, p->family, p->key.dst, &sel, p->l3_len, p->l3_len, &rt);
 	if (r >= 0)
 		goto drop;
 	r = trim_to_l3(h, p);
@@ -452,28 +450,25 @@ static __always_inline int lb_process(const struct hook *h, struct icmp_todo *to
 	 * there is usable (flowcache.h). Anything else takes the full path
 	 * below.
 	 */
+	gen = flow_cache_gen_now();
 	now = coarse_now();
-	gen = flow_cache_gen();
 	fc = NULL;
 	if (flow_cache_may(p) && !p->vlan) {
 		fc = flow_cache_slot(&p->key);
-		if (fc && !flow_cache_hit(fc, p, now, gen))
-			goto lookup;
-	}
-	if (fc) {
-		sel.be = established_backend(fc->svc_id, fc->svc_word, fc->backend_id, &word);
-		if (sel.be) {
+		if (fc && flow_cache_hit(fc, p, now, gen)) {
+			word = fc->svc_word;
 			if (L4LB_WORD_MODE(word) == L4LB_MODE_SNAT && snat_ttl_expired(h, p)) {
 				count_reason(L4LB_R_PASS_TTL_EXCEEDED, p->l3_len);
 				return hook_pass(h);
 			}
 			svc_id = fc->svc_id;
+			sel.be = &fc->be;
 			sel.backend_id = fc->backend_id;
 			sel.hash = fc->hash;
+			sel.fc = fc;
 			goto established;
 		}
 	}
-lookup:
 	ct = bpf_map_lookup_elem(&conntrack, &p->key);
 	if (ct && !p->vlan) {
 		sel.be = ct_established(ct, &word);
@@ -487,8 +482,9 @@ lookup:
 			ct_track_close(ct, p);
 			sel.backend_id = L4LB_CT_ID(ct->backend_id);
 			sel.hash = ct->hash;
+			sel.fc = fc;
 			if (fc)
-				flow_cache_fill(fc, p, ct, word, now, gen);
+				flow_cache_fill(fc, p, ct, sel.be, word, now, gen);
 			goto established;
 		}
 	}

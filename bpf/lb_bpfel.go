@@ -63,11 +63,18 @@ type LbFlowCacheEntry struct {
 	Key       LbFlowKey
 	Filled    uint64
 	BackendId uint32
+	Gen       uint32
+	Be        LbBackend
 	SvcId     uint32
 	SvcWord   uint32
 	Hash      uint32
-	Gen       uint32
-	Pad       uint32
+	Ifindex   uint32
+	Mtu       uint32
+	Smac      [6]uint8
+	Dmac      [6]uint8
+	RouteOk   uint8
+	Pad       [7]uint8
+	_         [4]byte
 }
 
 type LbFlowKey struct {
@@ -303,9 +310,9 @@ const (
 	LbMapBackends             = "backends"
 	LbMapClockCache           = "clock_cache"
 	LbMapConntrack            = "conntrack"
-	LbMapCtGen                = "ct_gen"
 	LbMapEvents               = "events"
 	LbMapFlowCache            = "flow_cache"
+	LbMapFlowCacheGen         = "flow_cache_gen"
 	LbMapHandshakes           = "handshakes"
 	LbMapIcmpBuckets          = "icmp_buckets"
 	LbMapInsertBuckets        = "insert_buckets"
@@ -410,9 +417,9 @@ type LbMapSpecs struct {
 	Backends        *ebpf.MapSpec `ebpf:"backends"`
 	ClockCache      *ebpf.MapSpec `ebpf:"clock_cache"`
 	Conntrack       *ebpf.MapSpec `ebpf:"conntrack"`
-	CtGen           *ebpf.MapSpec `ebpf:"ct_gen"`
 	Events          *ebpf.MapSpec `ebpf:"events"`
 	FlowCache       *ebpf.MapSpec `ebpf:"flow_cache"`
+	FlowCacheGen    *ebpf.MapSpec `ebpf:"flow_cache_gen"`
 	Handshakes      *ebpf.MapSpec `ebpf:"handshakes"`
 	IcmpBuckets     *ebpf.MapSpec `ebpf:"icmp_buckets"`
 	InsertBuckets   *ebpf.MapSpec `ebpf:"insert_buckets"`
@@ -489,9 +496,9 @@ type LbMaps struct {
 	Backends        *ebpf.Map `ebpf:"backends"`
 	ClockCache      *ebpf.Map `ebpf:"clock_cache"`
 	Conntrack       *ebpf.Map `ebpf:"conntrack"`
-	CtGen           *ebpf.Map `ebpf:"ct_gen"`
 	Events          *ebpf.Map `ebpf:"events"`
 	FlowCache       *ebpf.Map `ebpf:"flow_cache"`
+	FlowCacheGen    *ebpf.Map `ebpf:"flow_cache_gen"`
 	Handshakes      *ebpf.Map `ebpf:"handshakes"`
 	IcmpBuckets     *ebpf.Map `ebpf:"icmp_buckets"`
 	InsertBuckets   *ebpf.Map `ebpf:"insert_buckets"`
@@ -520,9 +527,9 @@ func (m *LbMaps) Close() error {
 		m.Backends,
 		m.ClockCache,
 		m.Conntrack,
-		m.CtGen,
 		m.Events,
 		m.FlowCache,
+		m.FlowCacheGen,
 		m.Handshakes,
 		m.IcmpBuckets,
 		m.InsertBuckets,

@@ -42,6 +42,9 @@ struct selection {
 	__u32 backend_id;
 	__u32 hash;     /* entropy for outer headers */
 	int new_flow;   /* an entry was created or re-balanced */
+	/* The flow-cache slot of an established flow (flowcache.h): its
+	 * route is read from there, or written there once resolved. */
+	struct flow_cache_entry *fc;
 };
 
 static __always_inline const struct backend *backend_of(__u32 id, __u32 svc_id)
@@ -146,6 +149,7 @@ static __always_inline int select_backend(struct packet *p, const struct svc_val
 	__u32 id;
 
 	sel->new_flow = 0;
+	sel->fc = NULL;
 	if (ct && ct->svc_id == svc->id) {
 		id = L4LB_CT_ID(ct->backend_id);
 		sel->be = backend_of(id, svc->id);

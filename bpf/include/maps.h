@@ -126,10 +126,11 @@ struct {
 } flow_cache SEC(".maps");
 
 /*
- * The generation of the connection table's contents: bumped by the control
- * plane whenever it deletes or rewrites entries, which empties every CPU's
- * flow cache at once. Pinned, so that the program an earlier l4lbd attached
- * and the maps a later one uses agree on it.
+ * The generation of what a flow-cache slot copies (flowcache.h): bumped
+ * by the control plane after it deletes or rewrites connection entries and
+ * after every write to svc_gen, backends, backend_routes and nexthops, which
+ * empties every CPU's flow cache at once. Pinned, so that the program an
+ * earlier l4lbd attached and the maps a later one writes agree on it.
  */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -137,7 +138,7 @@ struct {
 	__type(value, __u32);
 	__uint(max_entries, 1);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} ct_gen SEC(".maps");
+} flow_cache_gen SEC(".maps");
 
 /*
  * TCP handshakes in flight: what a DSR flow's SYN was sent to, in the

@@ -637,7 +637,7 @@ static __always_inline int snat_send(const struct hook *h, const struct packet *
 	struct route rt;
 	int r;
 
-	r = route_to_backend(h, p->family, src, sel->backend_id, sel->be->addr, sel->hash, p->l3_len, seg_len, &rt);
+	r = route_to_backend(h, p->family, src, sel, p->l3_len, seg_len, &rt);
 	if (r >= 0)
 		goto drop;
 	if (trim_to_l3(h, p) >= 0) {

@@ -133,19 +133,26 @@ struct ct_value {
 };
 
 /*
- * A slot of the flow cache (flowcache.h): a copy of what the established
- * fast path reads from a conntrack entry, with the key it belongs to.
- * backend_id 0: an empty slot.
+ * A slot of the flow cache (flowcache.h): what the established fast path
+ * needs to forward a flow, copied from its conntrack entry, its backend and
+ * its route, with the key it belongs to. backend_id 0: an empty slot.
  */
 struct flow_cache_entry {
+	/* What a lookup checks first, in the slot's first 64 bytes. */
 	struct flow_key key;
-	__u64 filled;      /* coarse clock (clock.h) when copied from the conntrack entry */
-	__u32 backend_id;  /* without L4LB_CT_CLOSING */
+	__u64 filled;          /* coarse clock (clock.h) when copied from the conntrack entry */
+	__u32 backend_id;      /* without L4LB_CT_CLOSING */
+	__u32 gen;             /* flow_cache_gen when filled */
+	struct backend be;     /* the backends entry */
 	__u32 svc_id;
-	__u32 svc_word;    /* the svc_gen word the entry was accepted under */
-	__u32 hash;        /* as ct_value.hash */
-	__u32 gen;         /* ct_gen when filled */
-	__u32 pad;
+	__u32 svc_word;        /* the svc_gen word (mode, dispatch) */
+	__u32 hash;            /* as ct_value.hash */
+	__u32 ifindex;         /* route_ok: the next hop's egress interface, */
+	__u32 mtu;             /* the route's MTU */
+	__u8 smac[6];          /* and MACs */
+	__u8 dmac[6];
+	__u8 route_ok;         /* the route fields hold the backend's route from the next-hop cache */
+	__u8 pad[7];
 };
 
 /* Slots of each CPU's flow cache: a power of two. */

@@ -131,7 +131,7 @@ type LB struct {
 	affinity     *ebpf.Map
 	srcRanges    *ebpf.Map
 	svcGen       *ebpf.Map
-	ctGen        *ebpf.Map // the generation of conntrack's contents (bpf/include/flowcache.h)
+	cache        *cacheGen // flow_cache_gen (flowcache.go)
 	events       *ebpf.Map
 	svcStats     *ebpf.Map
 	backendStats *ebpf.Map
@@ -228,7 +228,6 @@ func Load(cfg Config) (*LB, error) {
 		affinity:     coll.Maps[bpf.LbMapAffinity],
 		srcRanges:    coll.Maps[bpf.LbMapSrcRanges],
 		svcGen:       coll.Maps[bpf.LbMapSvcGen],
-		ctGen:        coll.Maps[bpf.LbMapCtGen],
 		events:       coll.Maps[bpf.LbMapEvents],
 		svcStats:     coll.Maps[bpf.LbMapSvcStats],
 		backendStats: coll.Maps[bpf.LbMapBackendStats],
@@ -239,6 +238,10 @@ func Load(cfg Config) (*LB, error) {
 		eventNames:   events,
 		cpus:         cpus,
 		links:        map[string]link.Link{},
+	}
+	if d.cache, err = newCacheGen(coll.Maps[bpf.LbMapFlowCacheGen]); err != nil {
+		coll.Close()
+		return nil, err
 	}
 	if d.ranges, err = readRanges(d.srcRanges); err != nil {
 		coll.Close()
@@ -253,7 +256,7 @@ func Load(cfg Config) (*LB, error) {
 		coll.Close()
 		return nil, err
 	}
-	if d.nh, err = newNextHops(cfg.Log, cfg.Netns, cfg.KeepNeighbours, coll.Maps[bpf.LbMapBackendRoutes],
+	if d.nh, err = newNextHops(cfg.Log, cfg.Netns, cfg.KeepNeighbours, d.cache, coll.Maps[bpf.LbMapBackendRoutes],
 		coll.Maps[bpf.LbMapNexthops], cfg.MaxBackends); err != nil {
 		coll.Close()
 		return nil, err

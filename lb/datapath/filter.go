@@ -139,7 +139,8 @@ func (f *vipFilter) rebuild(fes []lb.Frontend) error {
 // generation for every write of a service entry, never reused for an id,
 // and kept (with mode 0) when the entry is deleted.
 type svcWords struct {
-	m *ebpf.Map
+	m     *ebpf.Map
+	cache *cacheGen // bumped after every write (flowcache.go)
 
 	mu  sync.Mutex
 	gen map[uint32]uint32 // service id -> latest generation written
@@ -152,8 +153,8 @@ func svcWord(gen uint32, mode bpf.LbL4lbMode, dispatch bpf.LbL4lbDispatch) uint3
 }
 
 // readSVCWords loads the generations an earlier l4lbd wrote.
-func readSVCWords(m *ebpf.Map) (*svcWords, error) {
-	w := &svcWords{m: m, gen: map[uint32]uint32{}}
+func readSVCWords(m *ebpf.Map, cache *cacheGen) (*svcWords, error) {
+	w := &svcWords{m: m, cache: cache, gen: map[uint32]uint32{}}
 	var (
 		k, v uint32
 	)
@@ -187,7 +188,7 @@ func (w *svcWords) set(id uint32, mode bpf.LbL4lbMode, dispatch bpf.LbL4lbDispat
 	if err := w.m.Update(&id, &word, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("write the word of service id %d: %w", id, err)
 	}
-	return nil
+	return w.cache.bump()
 }
 
 // retire marks id as holding no service, keeping its generation.
@@ -198,7 +199,7 @@ func (w *svcWords) retire(id uint32) error {
 	if err := w.m.Update(&id, &word, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("retire the word of service id %d: %w", id, err)
 	}
-	return nil
+	return w.cache.bump()
 }
 
 // ensure gives every (id, mode, dispatch) of live a word that carries
@@ -238,5 +239,6 @@ func (w *svcWords) ensure(live map[uint32]bpf.LbSvcValue) error {
 			return fmt.Errorf("retire the word of service id %d: %w", id, err)
 		}
 	}
-	return nil
+	// Whatever was written, nothing cached may outlive it.
+	return w.cache.bump()
 }

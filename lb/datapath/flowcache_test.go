@@ -3,6 +3,8 @@
 package datapath_test
 
 import (
+	"bytes"
+	"net"
 	"testing"
 	"time"
 
@@ -55,7 +57,8 @@ func (e *env) eachCacheSlot(t testing.TB, fn func(*bpf.LbFlowCacheEntry) bool) {
 
 // TestFlowCacheFlush checks that a flushed flow is not forwarded from a
 // CPU's copy of its deleted entry: the flush empties the flow caches
-// (ct_gen), and the flow's next packet is balanced by the table again.
+// (flow_cache_gen), and the flow's next packet is balanced by the table
+// again.
 func TestFlowCacheFlush(t *testing.T) {
 	for _, fam := range families {
 		t.Run(fam.name, func(t *testing.T) {
@@ -190,5 +193,73 @@ func TestFlowCacheCloseReachesEntry(t *testing.T) {
 	}
 	if s := state(c); s != datapath.FlowEstablished {
 		t.Errorf("flow %+v reopened by a SYN: %s, want established", c.flow, s)
+	}
+}
+
+// TestFlowCacheFollowsChanges checks that flows forwarded from the flow
+// cache see a control-plane change on their next packet, as they would
+// from the maps: a disabled backend's flows move, a drained one's stay,
+// and a backend's new neighbour MAC is used from the first packet after
+// the next-hop cache has it, never the old one again.
+func TestFlowCacheFollowsChanges(t *testing.T) {
+	for _, fam := range families {
+		t.Run(fam.name, func(t *testing.T) {
+			// The caches are per CPU: every packet on the same one.
+			onOneCPU(t)
+			e := newEnv(t)
+			b := fam.backends
+			svc := dsrService("web", fam.vip, 80, lb.TCP, b[0], b[1], b[2])
+			e.reconcile(t, svc)
+			conns := e.open(t, svc, randomFlows(svc.Frontend, 48, 11))
+			e.expectSticky(t, svc, conns) // fills the cache
+			e.expectSticky(t, svc, conns) // from the cache
+
+			// Draining keeps the flows, disabling moves them.
+			svc.Backends[0].State = lb.Draining
+			e.reconcile(t, svc)
+			e.expectSticky(t, svc, conns)
+			svc.Backends[0].State = lb.Disabled
+			e.reconcile(t, svc)
+			var kept []established
+			moved := 0
+			for i, c := range e.send(t, svc, flowsOf(conns)) {
+				if conns[i].backend != b[0] {
+					kept = append(kept, conns[i])
+					continue
+				}
+				moved++
+				if c.backend == b[0] {
+					t.Errorf("flow %+v still went to disabled backend %s", c.flow, b[0])
+				}
+			}
+			if moved == 0 {
+				t.Fatalf("no flow was on %s: pick more flows", b[0])
+			}
+			e.expectSticky(t, svc, kept)
+
+			// A new MAC for b[1]: once a packet leaves with it, none
+			// leaves with the old one.
+			var in []byte
+			for _, c := range kept {
+				if c.backend == b[1] {
+					in = e.frame(t, packet(c.flow, false, true, []byte("x")))
+					break
+				}
+			}
+			if in == nil {
+				t.Fatalf("no flow kept on %s: pick more flows", b[1])
+			}
+			want := net.HardwareAddr{0x02, 0xaa, 0, 0, 0, 9}
+			start := time.Now()
+			e.ns.Run(t, "ip", "neigh", "replace", b[1].String(), "lladdr", want.String(), "dev", "lb0", "nud", "permanent")
+			e.waitFor(t, hookXDP, in, start, "new MAC", func(v uint32, mac net.HardwareAddr) bool {
+				return v == xdpTX && bytes.Equal(mac, want)
+			})
+			for range 20 {
+				if v, mac := e.sendMAC(t, hookXDP, in); v != xdpTX || !bytes.Equal(mac, want) {
+					t.Fatalf("after the change a packet went to %s (verdict %s), want %s", mac, verdictName(v), want)
+				}
+			}
+		})
 	}
 }

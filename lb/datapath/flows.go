@@ -287,7 +287,7 @@ func (d *LB) FlushFlows(f FlowFilter) (FlushResult, error) {
 	res.Flows = n
 	// Even after a partial delete: whatever was deleted must not live on
 	// in the CPUs' flow caches.
-	if gerr := d.bumpCtGen(); gerr != nil && err == nil {
+	if gerr := d.cache.bump(); gerr != nil && err == nil {
 		err = gerr
 	}
 	if err != nil {
@@ -310,23 +310,6 @@ func (d *LB) FlushFlows(f FlowFilter) (FlushResult, error) {
 		}
 	}
 	return res, nil
-}
-
-// bumpCtGen moves ct_gen on, which empties every CPU's flow cache
-// (bpf/include/flowcache.h): called after connection-table entries were
-// deleted, so that no CPU forwards a deleted flow from its copy. Only
-// l4lbd writes ct_gen, and one l4lbd at a time (the state lock), so a read
-// and a write cannot race another writer.
-func (d *LB) bumpCtGen() error {
-	var zero, gen uint32
-	if err := d.ctGen.Lookup(&zero, &gen); err != nil {
-		return fmt.Errorf("read ct_gen: %w", err)
-	}
-	gen++
-	if err := d.ctGen.Put(&zero, &gen); err != nil {
-		return fmt.Errorf("write ct_gen: %w", err)
-	}
-	return nil
 }
 
 // flushEntries deletes the connection-table entries f matches and returns

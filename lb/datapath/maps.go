@@ -246,7 +246,7 @@ func (d *LB) SetBackend(id reconciler.BackendID, b reconciler.Backend) error {
 	if err := d.backends.Update(&key, &v, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("write backend %d (%s): %w", id, b.Addr, err)
 	}
-	return nil
+	return d.cache.bump()
 }
 
 // DeleteBackend clears the backend entry at id (an array slot cannot be
@@ -256,6 +256,9 @@ func (d *LB) DeleteBackend(id reconciler.BackendID) error {
 	var zero bpf.LbBackend
 	if err := d.backends.Update(&key, &zero, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("clear backend %d: %w", id, err)
+	}
+	if err := d.cache.bump(); err != nil {
+		return err
 	}
 	d.nh.remove(uint32(id))
 	return d.zeroStats(d.backendStats, key)
@@ -490,7 +493,7 @@ func (d *LB) adoptServices() error {
 	if err := it.Err(); err != nil {
 		return fmt.Errorf("datapath: read service map: %w", err)
 	}
-	words, err := readSVCWords(d.svcGen)
+	words, err := readSVCWords(d.svcGen, d.cache)
 	if err != nil {
 		return fmt.Errorf("datapath: %w", err)
 	}

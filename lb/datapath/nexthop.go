@@ -55,6 +55,7 @@ const nhPaths = 8
 // rewrites the backend_routes entries of the backends it covers.
 type nextHops struct {
 	log    *slog.Logger
+	cache  *cacheGen // bumped after every write (flowcache.go)
 	nl     *netlink.Handle
 	ns     netns.NsHandle
 	keep   bool
@@ -101,8 +102,8 @@ type linkInfo struct {
 	up  bool
 }
 
-func newNextHops(log *slog.Logger, ns *netns.NsHandle, keep bool, routes, hops *ebpf.Map, maxID uint32) (*nextHops, error) {
-	n := &nextHops{log: log, keep: keep, routes: routes, hops: hops, maxID: maxID, ns: netns.None(),
+func newNextHops(log *slog.Logger, ns *netns.NsHandle, keep bool, cache *cacheGen, routes, hops *ebpf.Map, maxID uint32) (*nextHops, error) {
+	n := &nextHops{log: log, keep: keep, cache: cache, routes: routes, hops: hops, maxID: maxID, ns: netns.None(),
 		backends: map[uint32]netip.Addr{}, addrs: map[netip.Addr]*addrRoute{}, byKey: map[hopKey]*hop{},
 		links: map[int]linkInfo{}, next: 1}
 	var err error
@@ -337,6 +338,7 @@ func (n *nextHops) dropLocked(k hopKey, h *hop) {
 	if err := n.hops.Update(&h.id, &zero, ebpf.UpdateAny); err != nil {
 		n.log.Warn("could not clear a next-hop entry", "next_hop", k.ip, "error", err)
 	}
+	n.bumpCache()
 	n.free = append(n.free, h.id)
 	if h.owned {
 		_ = n.nl.NeighDel(managedNeigh(k))
@@ -399,6 +401,7 @@ func (n *nextHops) writeHopLocked(k hopKey, h *hop) {
 		return
 	}
 	h.value = v
+	n.bumpCache()
 }
 
 // writeRouteLocked writes backend id's route (r nil: none).
@@ -415,6 +418,14 @@ func (n *nextHops) writeRouteLocked(id uint32, r *addrRoute) {
 	}
 	if err := n.routes.Update(&id, &v, ebpf.UpdateAny); err != nil {
 		n.log.Warn("could not write a backend's route; its traffic takes bpf_fib_lookup", "backend_id", id, "error", err)
+	}
+	n.bumpCache()
+}
+
+// bumpCache ends the CPUs' cached copies of routes after a write.
+func (n *nextHops) bumpCache() {
+	if err := n.cache.bump(); err != nil {
+		n.log.Warn("next hop written, but the flow caches may keep the old one for up to a second", "error", err)
 	}
 }
 

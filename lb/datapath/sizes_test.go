@@ -52,7 +52,7 @@ var (
 		bpf.LbMapBackendRoutes:   {size(uint32(0)), size(bpf.LbBackendRoute{})},
 		bpf.LbMapNexthops:        {size(uint32(0)), size(bpf.LbNexthop{})},
 		bpf.LbMapFlowCache:       {size(uint32(0)), size(bpf.LbFlowCacheEntry{})},
-		bpf.LbMapCtGen:           {size(uint32(0)), size(uint32(0))},
+		bpf.LbMapFlowCacheGen:    {size(uint32(0)), size(uint32(0))},
 	}
 	// One Maglev chunk: maglevChunk backend ids.
 	maglevInnerLayout = mapLayout{size(uint32(0)), datapath.MaglevChunk * size(uint32(0))}
