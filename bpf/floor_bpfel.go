@@ -47,7 +47,7 @@ type FloorSvcValue struct {
 	Dispatch   uint32
 	Flags      uint32
 	TableSize  uint32
-	Pad        uint32
+	SvcWord    uint32
 	AffinityNs uint64
 }
 

@@ -284,7 +284,7 @@ type LbSvcValue struct {
 	Dispatch   LbL4lbDispatch
 	Flags      LbL4lbSvcFlags
 	TableSize  uint32
-	Pad        uint32
+	SvcWord    uint32
 	AffinityNs uint64
 }
 

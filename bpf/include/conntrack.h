@@ -143,7 +143,7 @@ static __always_inline int select_backend(struct packet *p, const struct svc_val
 					  struct selection *sel, int update, struct ct_value *ct)
 {
 	__u64 now = coarse_now();
-	__u32 word = svc_word_of(svc->id);
+	__u32 word = svc->svc_word;
 	struct handshake_bucket *hb = NULL;
 	__u64 hash;
 	__u32 id;

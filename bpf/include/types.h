@@ -70,7 +70,10 @@ struct svc_value {
 	 * size stored in the table itself, this copy lets a restarted l4lbd
 	 * read the configuration back. */
 	__u32 table_size;
-	__u32 pad;                     /* always 0 */
+	/* The service's svc_gen word (see svc_gen in maps.h), the same
+	 * value, so that a new flow stamps its entry without reading
+	 * svc_gen: l4lbd writes it here with the entry, then to svc_gen. */
+	__u32 svc_word;
 	/* How long a client's backend is remembered after its latest new flow
 	 * (L4LB_SVC_AFFINITY), in nanoseconds; stored whatever the flag says,
 	 * so the control plane reads back exactly what it wrote. */

@@ -180,11 +180,19 @@ func (w *svcWords) nextLocked(id uint32, mode bpf.LbL4lbMode, dispatch bpf.LbL4l
 	return svcWord(g, mode, dispatch)
 }
 
-// set writes a new generation for id's entry, in its mode and dispatch.
-func (w *svcWords) set(id uint32, mode bpf.LbL4lbMode, dispatch bpf.LbL4lbDispatch) error {
+// next is the word of a new generation for id's entry, in its mode and
+// dispatch: the service entry carries it (svc_value.svc_word), then set
+// writes it to svc_gen.
+func (w *svcWords) next(id uint32, mode bpf.LbL4lbMode, dispatch bpf.LbL4lbDispatch) uint32 {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	word := w.nextLocked(id, mode, dispatch)
+	return w.nextLocked(id, mode, dispatch)
+}
+
+// set writes word, from next, as id's word.
+func (w *svcWords) set(id, word uint32) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
 	if err := w.m.Update(&id, &word, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("write the word of service id %d: %w", id, err)
 	}
@@ -204,9 +212,10 @@ func (w *svcWords) retire(id uint32) error {
 
 // ensure gives every (id, mode, dispatch) of live a word that carries
 // them, for entries written by an l4lbd that had no svc_gen (their flows
-// would otherwise never take the fast path), and retires words of ids
-// without an entry.
-func (w *svcWords) ensure(live map[uint32]bpf.LbSvcValue) error {
+// would otherwise never take the fast path), retires words of ids without
+// an entry, and returns the word of every id of live, which its entry
+// must carry too (svc_value.svc_word).
+func (w *svcWords) ensure(live map[uint32]bpf.LbSvcValue) (map[uint32]uint32, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	var (
@@ -218,17 +227,20 @@ func (w *svcWords) ensure(live map[uint32]bpf.LbSvcValue) error {
 		cur[k] = v
 	}
 	if err := it.Err(); err != nil {
-		return fmt.Errorf("read service words: %w", err)
+		return nil, fmt.Errorf("read service words: %w", err)
 	}
+	words := map[uint32]uint32{}
 	for id, sv := range live {
 		word := cur[id]
 		if word>>wordGenShift != 0 && word&0xff == svcWord(0, sv.Mode, sv.Dispatch) {
+			words[id] = word
 			continue
 		}
 		word = w.nextLocked(id, sv.Mode, sv.Dispatch)
 		if err := w.m.Update(&id, &word, ebpf.UpdateAny); err != nil {
-			return fmt.Errorf("write the word of service id %d: %w", id, err)
+			return nil, fmt.Errorf("write the word of service id %d: %w", id, err)
 		}
+		words[id] = word
 	}
 	for id, word := range cur {
 		if _, ok := live[id]; ok || word&0xf == 0 {
@@ -236,9 +248,9 @@ func (w *svcWords) ensure(live map[uint32]bpf.LbSvcValue) error {
 		}
 		word &^= 0xff
 		if err := w.m.Update(&id, &word, ebpf.UpdateAny); err != nil {
-			return fmt.Errorf("retire the word of service id %d: %w", id, err)
+			return nil, fmt.Errorf("retire the word of service id %d: %w", id, err)
 		}
 	}
 	// Whatever was written, nothing cached may outlive it.
-	return w.cache.bump()
+	return words, w.cache.bump()
 }

@@ -5,6 +5,7 @@ package datapath_test
 import (
 	"bytes"
 	"net"
+	"os"
 	"testing"
 	"time"
 
@@ -261,5 +262,75 @@ func TestFlowCacheFollowsChanges(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestServiceEntryCarriesWord checks that every service entry carries its
+// svc_gen word (svc_value.svc_word), which new flows stamp on their
+// connection entries without reading svc_gen: after a write, and after a
+// restart that adopts entries an earlier l4lbd wrote without one.
+func TestServiceEntryCarriesWord(t *testing.T) {
+	dir, err := os.MkdirTemp("/sys/fs/bpf", "l4lb-words-test-")
+	if err != nil {
+		t.Fatalf("bpffs directory: %v", err)
+	}
+	t.Cleanup(func() { datapath.Cleanup(dir) })
+	opts := envOptions{pinPath: dir}
+	e := newEnvWith(t, opts)
+	fam := families[0]
+	svc := dsrService("web", fam.vip, 80, lb.TCP, fam.backends[0], fam.backends[1])
+	e.reconcile(t, svc)
+	check := func(what string) uint32 {
+		t.Helper()
+		var (
+			k    bpf.LbSvcKey
+			v    bpf.LbSvcValue
+			word uint32
+			n    int
+		)
+		it := e.lb.Maps()[bpf.LbMapServices].Iterate()
+		for it.Next(&k, &v) {
+			n++
+			if err := e.lb.Maps()[bpf.LbMapSvcGen].Lookup(v.Id, &word); err != nil {
+				t.Fatal(err)
+			}
+			if v.SvcWord == 0 || v.SvcWord != word {
+				t.Errorf("%s: service id %d carries word %#x, svc_gen holds %#x", what, v.Id, v.SvcWord, word)
+			}
+		}
+		if err := it.Err(); err != nil || n != 1 {
+			t.Fatalf("%s: %d service entries (%v), want 1", what, n, err)
+		}
+		return word
+	}
+	check("after the write")
+
+	// As an earlier l4lbd left it: no word in the entry.
+	m := e.lb.Maps()[bpf.LbMapServices]
+	var (
+		k bpf.LbSvcKey
+		v bpf.LbSvcValue
+	)
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		v.SvcWord = 0
+		if err := m.Update(&k, &v, ebpf.UpdateExist); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.reload(t, opts, svc)
+	word := check("after a restart")
+
+	// New flows' entries carry it, so their next packets take the fast path.
+	ct := e.lb.Maps()[bpf.LbMapConntrack]
+	for _, c := range e.open(t, svc, randomFlows(svc.Frontend, 8, 13)) {
+		key := maglev.FlowKey(c.flow)
+		var cv bpf.LbCtValue
+		if err := ct.Lookup(key[:], &cv); err != nil {
+			t.Fatalf("entry of flow %+v: %v", c.flow, err)
+		}
+		if cv.SvcWord != word {
+			t.Errorf("flow %+v: entry stamped with word %#x, want the service's %#x", c.flow, cv.SvcWord, word)
+		}
 	}
 }

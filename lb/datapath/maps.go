@@ -171,6 +171,7 @@ func (d *LB) SetService(id reconciler.ServiceID, svc lb.Service) error {
 		d.undoRanges(added)
 		return fmt.Errorf("service %s: %w", svc.Frontend, err)
 	}
+	v.SvcWord = d.words.next(uint32(id), v.Mode, v.Dispatch)
 	k := svcKey(svc.Frontend)
 	if err := d.services.Update(&k, &v, ebpf.UpdateAny); err != nil {
 		d.undoRanges(added)
@@ -183,10 +184,11 @@ func (d *LB) SetService(id reconciler.ServiceID, svc lb.Service) error {
 		// The entry is written; the next pass prunes again.
 		return fmt.Errorf("service %s: %w", svc.Frontend, err)
 	}
-	// Last: the new word sends every established flow of the service once
-	// through the full path, which checks it against the entry just
-	// written (mode, dispatch, source ranges).
-	if err := d.words.set(uint32(id), v.Mode, v.Dispatch); err != nil {
+	// Last: the new word (the entry carries it already, for new flows)
+	// sends every established flow of the service once through the full
+	// path, which checks it against the entry just written (mode,
+	// dispatch, source ranges).
+	if err := d.words.set(uint32(id), v.SvcWord); err != nil {
 		return fmt.Errorf("service %s: %w", svc.Frontend, err)
 	}
 	return nil
@@ -485,10 +487,12 @@ func (d *LB) adoptServices() error {
 	)
 	var fes []lb.Frontend
 	live := map[uint32]bpf.LbSvcValue{}
+	keys := map[uint32]bpf.LbSvcKey{}
 	it := d.services.Iterate()
 	for it.Next(&k, &v) {
 		fes = append(fes, lb.Frontend{Addr: netip.AddrFrom16(k.Addr).Unmap(), Port: ntohs(k.Port), Proto: lb.Protocol(k.Proto)})
 		live[v.Id] = v
+		keys[v.Id] = k
 	}
 	if err := it.Err(); err != nil {
 		return fmt.Errorf("datapath: read service map: %w", err)
@@ -497,8 +501,22 @@ func (d *LB) adoptServices() error {
 	if err != nil {
 		return fmt.Errorf("datapath: %w", err)
 	}
-	if err := words.ensure(live); err != nil {
+	ids, err := words.ensure(live)
+	if err != nil {
 		return fmt.Errorf("datapath: %w", err)
+	}
+	// Entries whose word is not svc_gen's (an earlier l4lbd's, or one
+	// ensure renewed) get it, or their new flows would stamp entries the
+	// fast path never accepts.
+	for id, sv := range live {
+		if sv.SvcWord == ids[id] {
+			continue
+		}
+		sv.SvcWord = ids[id]
+		k := keys[id]
+		if err := d.services.Update(&k, &sv, ebpf.UpdateExist); err != nil {
+			return fmt.Errorf("datapath: write the word of adopted service id %d: %w", id, err)
+		}
 	}
 	d.words = words
 	d.filter = newVIPFilter(d.coll.Maps[bpf.LbMapVipFilter], filterWords(d.cfg.MaxServices)-1)
