@@ -573,31 +573,43 @@ func netipPrefix(n *net.IPNet) (netip.Prefix, bool) {
 func (n *nextHops) watch() {
 	stop := make(chan struct{})
 	n.done = stop
+	// The first subscription is made before Load returns, so that a change
+	// made right after (by an operator, or a test changing an MTU) cannot
+	// happen before anyone listens: nothing would re-read it.
+	sub, err := n.subscribe(stop)
 	go func() {
-		for first := true; ; first = false {
-			if !first {
-				select {
-				case <-stop:
-					return
-				case <-time.After(100 * time.Millisecond):
-				}
-				n.resync()
-			}
-			if !n.follow(stop) {
+		for {
+			if err == nil && !n.follow(stop, sub) {
 				return
 			}
+			select {
+			case <-stop:
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+			n.resync()
+			sub, err = n.subscribe(stop)
 		}
 	}()
 }
 
-// follow subscribes and applies changes until stop (false) or until a
-// subscription ends (true).
-func (n *nextHops) follow(stop chan struct{}) bool {
-	done := make(chan struct{})
-	defer close(done)
-	neighCh := make(chan netlink.NeighUpdate, 1024)
-	linkCh := make(chan netlink.LinkUpdate, 256)
-	routeCh := make(chan netlink.RouteUpdate, 1024)
+// subscription is one set of netlink subscriptions; closing done ends it.
+type subscription struct {
+	done  chan struct{}
+	neigh chan netlink.NeighUpdate
+	link  chan netlink.LinkUpdate
+	route chan netlink.RouteUpdate
+}
+
+// subscribe opens the neighbour, link and route subscriptions in n's
+// namespace.
+func (n *nextHops) subscribe(stop chan struct{}) (*subscription, error) {
+	s := &subscription{
+		done:  make(chan struct{}),
+		neigh: make(chan netlink.NeighUpdate, 1024),
+		link:  make(chan netlink.LinkUpdate, 256),
+		route: make(chan netlink.RouteUpdate, 1024),
+	}
 	onErr := func(err error) {
 		select {
 		case <-stop:
@@ -608,32 +620,40 @@ func (n *nextHops) follow(stop chan struct{}) bool {
 	}
 	ns := n.ns
 	const buf = 1 << 20
-	err := netlink.NeighSubscribeWithOptions(neighCh, done, netlink.NeighSubscribeOptions{Namespace: &ns, ErrorCallback: onErr, ReceiveBufferSize: buf})
+	err := netlink.NeighSubscribeWithOptions(s.neigh, s.done, netlink.NeighSubscribeOptions{Namespace: &ns, ErrorCallback: onErr, ReceiveBufferSize: buf})
 	if err == nil {
-		err = netlink.LinkSubscribeWithOptions(linkCh, done, netlink.LinkSubscribeOptions{Namespace: &ns, ErrorCallback: onErr, ReceiveBufferSize: buf})
+		err = netlink.LinkSubscribeWithOptions(s.link, s.done, netlink.LinkSubscribeOptions{Namespace: &ns, ErrorCallback: onErr, ReceiveBufferSize: buf})
 	}
 	if err == nil {
-		err = netlink.RouteSubscribeWithOptions(routeCh, done, netlink.RouteSubscribeOptions{Namespace: &ns, ErrorCallback: onErr, ReceiveBufferSize: buf})
+		err = netlink.RouteSubscribeWithOptions(s.route, s.done, netlink.RouteSubscribeOptions{Namespace: &ns, ErrorCallback: onErr, ReceiveBufferSize: buf})
 	}
 	if err != nil {
+		close(s.done)
 		n.log.Warn("cannot watch routes, neighbours and links; retrying", "error", err)
-		return true
+		return nil, err
 	}
+	return s, nil
+}
+
+// follow applies the changes s reports until stop (false) or until one of
+// its subscriptions ends (true); either way s is closed.
+func (n *nextHops) follow(stop chan struct{}, s *subscription) bool {
+	defer close(s.done)
 	for {
 		select {
 		case <-stop:
 			return false
-		case u, ok := <-neighCh:
+		case u, ok := <-s.neigh:
 			if !ok {
 				return true
 			}
 			n.neighbourChanged(u)
-		case u, ok := <-linkCh:
+		case u, ok := <-s.link:
 			if !ok {
 				return true
 			}
 			n.linkChanged(u)
-		case u, ok := <-routeCh:
+		case u, ok := <-s.route:
 			if !ok {
 				return true
 			}
