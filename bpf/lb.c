@@ -167,7 +167,7 @@ static __always_inline int icmp_to_dsr_backend(const struct hook *h, const struc
 	struct route rt;
 	int r;
 
-	r = select_backend(p, svc, &sel, 0, bpf_map_lookup_elem(&conntrack, &p->key));
+	r = select_backend(p, svc, &sel, 0, bpf_map_lookup_elem(&conntrack, &p->key), coarse_now());
 	if (r >= 0)
 		goto drop;
 	if (svc->dispatch != L4LB_DISPATCH_OPT)
@@ -510,7 +510,7 @@ static __always_inline int lb_process(const struct hook *h, struct icmp_todo *to
 		return hook_pass(h);
 	}
 
-	r = select_backend(p, svc, &sel, 1, ct);
+	r = select_backend(p, svc, &sel, 1, ct, now);
 	if (r >= 0) {
 		count_reason(r, p->l3_len);
 		return hook_drop(h);

@@ -71,24 +71,15 @@ static __always_inline __u32 svc_word_of(__u32 svc_id)
  * the flow is forwarded without the service lookup, in the word's mode and
  * dispatch (*word). NULL sends the packet through the full path, which
  * looks the service up and checks the entry again (select_backend).
- * established_backend is the same check on the fields of an entry, as the
- * flow cache holds them (flowcache.h).
  */
-static __always_inline const struct backend *established_backend(__u32 svc_id, __u32 svc_word, __u32 backend_id,
-							 __u32 *word)
-{
-	__u32 w = svc_word_of(svc_id);
-
-	if (w != svc_word || !L4LB_WORD_MODE(w))
-		return NULL;
-	*word = w;
-	return backend_of(backend_id, svc_id);
-}
-
-/* ct_established on an entry of the connection table itself. */
 static __always_inline const struct backend *ct_established(const struct ct_value *ct, __u32 *word)
 {
-	return established_backend(ct->svc_id, ct->svc_word, L4LB_CT_ID(ct->backend_id), word);
+	__u32 w = svc_word_of(ct->svc_id);
+
+	if (w != ct->svc_word || !L4LB_WORD_MODE(w))
+		return NULL;
+	*word = w;
+	return backend_of(L4LB_CT_ID(ct->backend_id), ct->svc_id);
 }
 
 /* L4LB_CT_CLOSING as packet p leaves it: set by a client's FIN or RST,
@@ -137,12 +128,12 @@ static __always_inline int ct_insert_allowed(__u64 now)
  * looked it up). On a miss, a service with affinity tries the client's
  * remembered backend before Maglev (affinity.h). update 0 looks without
  * leaving a trace, for an ICMP error about the flow: no entry is created or
- * refreshed, here or for affinity.
+ * refreshed, here or for affinity. now is coarse_now(), which the caller
+ * has already read.
  */
 static __always_inline int select_backend(struct packet *p, const struct svc_value *svc,
-					  struct selection *sel, int update, struct ct_value *ct)
+					  struct selection *sel, int update, struct ct_value *ct, __u64 now)
 {
-	__u64 now = coarse_now();
 	__u32 word = svc->svc_word;
 	struct handshake_bucket *hb = NULL;
 	__u64 hash;

@@ -87,7 +87,7 @@ static __always_inline int flow_cache_hit(const struct flow_cache_entry *fc, con
 
 /* Fill fc from the conntrack entry ct of p's flow, which ct_established
  * accepted under word with backend be; the route follows once
- * route_to_backend resolves it (flow_cache_put_route). */
+ * route_to_backend resolves it (nexthop.h). */
 static __always_inline void flow_cache_fill(struct flow_cache_entry *fc, const struct packet *p,
 					    const struct ct_value *ct, const struct backend *be, __u32 word,
 					    __u64 now, __u32 gen)

@@ -115,8 +115,9 @@ struct {
 } conntrack SEC(".maps");
 
 /*
- * The flow cache (flowcache.h): per CPU, direct-mapped, holding copies of
- * conntrack entries. Not pinned: a new program starts with an empty cache.
+ * The flow cache (flowcache.h): per CPU, direct-mapped, holding what an
+ * established flow is forwarded by (copies from conntrack, backends and
+ * the next-hop cache). Not pinned: a new program starts with an empty cache.
  */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
