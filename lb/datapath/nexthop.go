@@ -64,6 +64,7 @@ type nextHops struct {
 	maxID  uint32
 
 	mu       sync.Mutex
+	written  bool                      // an entry was written under mu (see unlock)
 	backends map[uint32]netip.Addr     // backend id -> address
 	addrs    map[netip.Addr]*addrRoute // backend address -> its route
 	byKey    map[hopKey]*hop           // next hop -> its entry
@@ -152,7 +153,7 @@ func (n *nextHops) adopt() error {
 // backends were added.
 func (n *nextHops) settle() {
 	n.mu.Lock()
-	defer n.mu.Unlock()
+	defer n.unlock()
 	for k, h := range n.byKey {
 		if h.refs == 0 {
 			n.dropLocked(k, h)
@@ -163,7 +164,7 @@ func (n *nextHops) settle() {
 // add records backend id at addr and resolves its route.
 func (n *nextHops) add(id uint32, addr netip.Addr) {
 	n.mu.Lock()
-	defer n.mu.Unlock()
+	defer n.unlock()
 	if old, ok := n.backends[id]; ok {
 		if old == addr {
 			return
@@ -184,7 +185,7 @@ func (n *nextHops) add(id uint32, addr netip.Addr) {
 // remove forgets backend id; its route entry is cleared first.
 func (n *nextHops) remove(id uint32) {
 	n.mu.Lock()
-	defer n.mu.Unlock()
+	defer n.unlock()
 	n.removeLocked(id)
 }
 
@@ -338,7 +339,7 @@ func (n *nextHops) dropLocked(k hopKey, h *hop) {
 	if err := n.hops.Update(&h.id, &zero, ebpf.UpdateAny); err != nil {
 		n.log.Warn("could not clear a next-hop entry", "next_hop", k.ip, "error", err)
 	}
-	n.bumpCache()
+	n.written = true
 	n.free = append(n.free, h.id)
 	if h.owned {
 		_ = n.nl.NeighDel(managedNeigh(k))
@@ -401,7 +402,7 @@ func (n *nextHops) writeHopLocked(k hopKey, h *hop) {
 		return
 	}
 	h.value = v
-	n.bumpCache()
+	n.written = true
 }
 
 // writeRouteLocked writes backend id's route (r nil: none).
@@ -419,14 +420,20 @@ func (n *nextHops) writeRouteLocked(id uint32, r *addrRoute) {
 	if err := n.routes.Update(&id, &v, ebpf.UpdateAny); err != nil {
 		n.log.Warn("could not write a backend's route; its traffic takes bpf_fib_lookup", "backend_id", id, "error", err)
 	}
-	n.bumpCache()
+	n.written = true
 }
 
-// bumpCache ends the CPUs' cached copies of routes after a write.
-func (n *nextHops) bumpCache() {
-	if err := n.cache.bump(); err != nil {
-		n.log.Warn("next hop written, but the flow caches may keep the old one for up to a second", "error", err)
+// unlock releases n.mu, first ending the CPUs' cached copies of whatever
+// was written under it (n.written): one bump of the flow caches'
+// generation for a change, however many entries it rewrote.
+func (n *nextHops) unlock() {
+	if n.written {
+		n.written = false
+		if err := n.cache.bump(); err != nil {
+			n.log.Warn("next hop written, but the flow caches may keep the old one for up to a second", "error", err)
+		}
 	}
+	n.mu.Unlock()
 }
 
 // rerouteLocked resolves again every backend address dst covers (all of
@@ -457,7 +464,7 @@ func (n *nextHops) neighbourChanged(u netlink.NeighUpdate) {
 	}
 	k := hopKey{link: u.LinkIndex, ip: ip.Unmap()}
 	n.mu.Lock()
-	defer n.mu.Unlock()
+	defer n.unlock()
 	h, ok := n.byKey[k]
 	if !ok || h.refs == 0 {
 		return
@@ -484,7 +491,7 @@ const reinstallDelay = 200 * time.Millisecond
 // ours, still missing and its link up.
 func (n *nextHops) reinstall(k hopKey) {
 	n.mu.Lock()
-	defer n.mu.Unlock()
+	defer n.unlock()
 	h, ok := n.byKey[k]
 	if !ok || h.refs == 0 || !h.owned || n.done == nil || !n.linkLocked(k.link).up || n.neighbourPresent(k) {
 		return
@@ -515,7 +522,7 @@ func (n *nextHops) neighbourPresent(k hopKey) bool {
 func (n *nextHops) linkChanged(u netlink.LinkUpdate) {
 	a := u.Attrs()
 	n.mu.Lock()
-	defer n.mu.Unlock()
+	defer n.unlock()
 	old, known := n.links[a.Index]
 	cur := linkInfo{mac: slices.Clone(a.HardwareAddr), mtu: uint32(a.MTU), up: a.Flags&net.FlagUp != 0 && u.Header.Type != unix.RTM_DELLINK}
 	n.links[a.Index] = cur
@@ -546,7 +553,7 @@ func (n *nextHops) routeChanged(u netlink.RouteUpdate) {
 		}
 	}
 	n.mu.Lock()
-	defer n.mu.Unlock()
+	defer n.unlock()
 	n.rerouteLocked(dst)
 }
 
@@ -666,7 +673,7 @@ func (n *nextHops) follow(stop chan struct{}, s *subscription) bool {
 // address again.
 func (n *nextHops) resync() {
 	n.mu.Lock()
-	defer n.mu.Unlock()
+	defer n.unlock()
 	n.links = map[int]linkInfo{}
 	for k, h := range n.byKey {
 		if h.refs > 0 {
@@ -711,7 +718,7 @@ func (n *nextHops) close() {
 	// Entries stay, in the kernel and in the maps: the next l4lbd adopts
 	// them, and the attached program keeps forwarding meanwhile.
 	n.mu.Lock()
-	defer n.mu.Unlock()
+	defer n.unlock()
 	if n.done != nil {
 		close(n.done)
 		n.done = nil
