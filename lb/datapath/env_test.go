@@ -149,6 +149,19 @@ type xdpMD struct {
 
 func newEnv(t *testing.T) *env { return newEnvWith(t, envOptions{}) }
 
+// pinDir makes a bpffs directory of its own for the test's pins (a
+// restarted datapath adopts them), removed with everything in it when the
+// test ends.
+func pinDir(t testing.TB, name string) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("/sys/fs/bpf", "l4lb-"+name+"-test-")
+	if err != nil {
+		t.Fatalf("bpffs directory: %v", err)
+	}
+	t.Cleanup(func() { datapath.Cleanup(dir) })
+	return dir
+}
+
 func newEnvWith(t testing.TB, o envOptions) *env {
 	t.Helper()
 	testnet.RequireRoot(t)

@@ -7,7 +7,6 @@ import (
 	"encoding/binary"
 	"math/rand/v2"
 	"net/netip"
-	"os"
 	"runtime"
 	"testing"
 	"time"
@@ -17,7 +16,6 @@ import (
 	"github.com/l4lb/l4lb/bpf"
 	"github.com/l4lb/l4lb/internal/pkttest"
 	"github.com/l4lb/l4lb/lb"
-	"github.com/l4lb/l4lb/lb/datapath"
 	"github.com/l4lb/l4lb/lb/maglev"
 )
 
@@ -82,11 +80,7 @@ func TestFloods(t *testing.T) {
 	}{{hookXDP, families[0]}, {hookXDP, families[1]}, {hookTC, families[0]}}
 	for _, c := range cases {
 		t.Run(c.k.String()+"/"+c.fam.name, func(t *testing.T) {
-			dir, err := os.MkdirTemp("/sys/fs/bpf", "l4lb-flood-test-")
-			if err != nil {
-				t.Fatalf("bpffs directory: %v", err)
-			}
-			t.Cleanup(func() { datapath.Cleanup(dir) })
+			dir := pinDir(t, "flood")
 			opts := envOptions{conntrackMax: floodTable, snatMax: floodTable, pinPath: dir}
 			e := newSNATEnv(t, opts)
 			fam, k := c.fam, c.k

@@ -5,7 +5,6 @@ package datapath_test
 import (
 	"bytes"
 	"net"
-	"os"
 	"testing"
 	"time"
 
@@ -270,11 +269,7 @@ func TestFlowCacheFollowsChanges(t *testing.T) {
 // connection entries without reading svc_gen: after a write, and after a
 // restart that adopts entries an earlier l4lbd wrote without one.
 func TestServiceEntryCarriesWord(t *testing.T) {
-	dir, err := os.MkdirTemp("/sys/fs/bpf", "l4lb-words-test-")
-	if err != nil {
-		t.Fatalf("bpffs directory: %v", err)
-	}
-	t.Cleanup(func() { datapath.Cleanup(dir) })
+	dir := pinDir(t, "words")
 	opts := envOptions{pinPath: dir}
 	e := newEnvWith(t, opts)
 	fam := families[0]

@@ -81,11 +81,7 @@ func (r *recorder) DeleteService(id reconciler.ServiceID, fe lb.Frontend) error 
 // then replaces exactly the adopted prefixes.
 func TestRestartAffinityAndSourceRanges(t *testing.T) {
 	testnet.RequireRoot(t)
-	dir, err := os.MkdirTemp("/sys/fs/bpf", "l4lb-restart-test-")
-	if err != nil {
-		t.Fatalf("bpffs directory: %v", err)
-	}
-	t.Cleanup(func() { datapath.Cleanup(dir) })
+	dir := pinDir(t, "restart")
 	cfg := datapath.Config{
 		PinPath: dir, Seed: testSeed, MaxServices: 16, MaxBackends: 64, ConntrackMax: 1024,
 		SNATAddresses: []netip.Addr{lbAddr4, lbAddr6},
@@ -183,11 +179,7 @@ func TestRestartAffinityAndSourceRanges(t *testing.T) {
 // the old maps.
 func TestMigrateOldLayouts(t *testing.T) {
 	testnet.RequireRoot(t)
-	dir, err := os.MkdirTemp("/sys/fs/bpf", "l4lb-migrate-test-")
-	if err != nil {
-		t.Fatalf("bpffs directory: %v", err)
-	}
-	t.Cleanup(func() { datapath.Cleanup(dir) })
+	dir := pinDir(t, "migrate")
 
 	// What an l4lbd of the previous layout left pinned.
 	cpus, err := ebpf.PossibleCPU()

@@ -51,11 +51,7 @@ func withoutSysAdmin(t *testing.T, f func()) {
 // (one written by a version that did not pin) reads as no table, which the
 // reconciler writes again, rather than failing the start.
 func TestStateWithoutSysAdmin(t *testing.T) {
-	dir, err := os.MkdirTemp("/sys/fs/bpf", "l4lb-tables-test-")
-	if err != nil {
-		t.Fatalf("bpffs directory: %v", err)
-	}
-	t.Cleanup(func() { datapath.Cleanup(dir) })
+	dir := pinDir(t, "tables")
 	opts := envOptions{pinPath: dir}
 	e := newEnvWith(t, opts)
 	fam := families[0]
