@@ -102,8 +102,13 @@ func newRig(t *testnet.Script, obj []byte) *rig {
 // packet is a TCP packet of tg's client from port sport to tg's frontend,
 // as received on the rig's lb0.
 func (r *rig) packet(t *testnet.Script, tg target, sport uint16, syn, ack bool) []byte {
+	return r.packetFrom(t, tg, netip.AddrPortFrom(tg.client(), sport), syn, ack)
+}
+
+// packetFrom is packet from any client address and port.
+func (r *rig) packetFrom(t *testnet.Script, tg target, src netip.AddrPort, syn, ack bool) []byte {
 	return pkttest.Build(t, pkttest.Packet{
-		DstMAC: r.mac, Src: netip.AddrPortFrom(tg.client(), sport), Dst: netip.AddrPortFrom(tg.vip(), tg.port),
+		DstMAC: r.mac, Src: src, Dst: netip.AddrPortFrom(tg.vip(), tg.port),
 		SYN: syn, ACK: ack, Payload: make([]byte, 64),
 	})
 }
@@ -143,10 +148,7 @@ func (r *rig) many(t *testnet.Script, prog *ebpf.Program, k hookKind, tg target)
 	src := tg.client().Next()
 	frames := make([][]byte, cacheMissFlows)
 	for i := range frames {
-		frames[i] = pkttest.Build(t, pkttest.Packet{
-			DstMAC: r.mac, Src: netip.AddrPortFrom(src, uint16(1024+i)), Dst: netip.AddrPortFrom(tg.vip(), tg.port),
-			ACK: true, Payload: make([]byte, 64),
-		})
+		frames[i] = r.packetFrom(t, tg, netip.AddrPortFrom(src, uint16(1024+i)), false, true)
 	}
 	r.timeRuns(t, prog, k, cacheMissFlows, func(i int) []byte { return frames[i] })
 	next := 0
@@ -303,8 +305,8 @@ type path struct {
 	kind string
 }
 
-// timing is one path's figure: the median of the rounds' medians, and the
-// smallest and largest round median.
+// timing is one path's figure: the median of its rounds' costs
+// (roundCost), and the smallest and largest of them.
 type timing struct{ med, lo, hi time.Duration }
 
 // measure times each path: rounds interleave the paths so that machine
@@ -319,7 +321,7 @@ func (r *rig) measure(t *testnet.Script, paths []path, rounds, runs int) []timin
 	return summarize(meds)
 }
 
-// summarize turns round medians into timings.
+// summarize turns each path's round costs into its timing.
 func summarize(meds [][]time.Duration) []timing {
 	out := make([]timing, len(meds))
 	for i := range meds {
@@ -372,7 +374,8 @@ func benchDatapath(t *testnet.Script, obj []byte, rounds, runs int) {
 	nonVIP := r.nonVIP(t, false)
 
 	fmt.Printf("\nper-packet cost, kernel-timed with BPF_PROG_TEST_RUN (repeat 1), one fresh 64-byte-payload TCP packet per run;\n"+
-		"ns = median of %d interleaved rounds x %d packets (min-max of the round medians); net = ns - the empty program;\n"+
+		"ns = median of %d interleaved rounds x %d packets, a round being the mean of its middle half of packets\n"+
+		"(min-max of the rounds); net = ns - the empty program;\n"+
 		"net/floor = net / net of the parse + one lookup floor, both of the same hook and run\n", rounds, runs)
 	benchPrimitives(t, r, fl, floorFrame, rounds, runs)
 	summary := map[string][]float64{}

@@ -6,8 +6,8 @@
 // services, and a backend change on the real maps. Each path runs on a fresh
 // packet per test run (the kernel's repeat would re-run the program on its
 // own rewritten output), kernel-timed; the figure is the median over rounds
-// of the median per round. It also times the primitives paths are made of
-// (primitives.go).
+// of each round's interquartile mean (roundCost). It also times the
+// primitives paths are made of (primitives.go).
 //
 // With -b it compares builds of the LB object instead, in one process
 // (ab.go; `make bench-ab`). It needs root.
