@@ -52,7 +52,7 @@ func benchAB(t *testnet.Script, objs [][]byte, names []string, v6 bool, rounds, 
 		g := group{name: name}
 		for _, r := range rigs {
 			g.at = append(g.at, len(paths))
-			paths = append(paths, path{name, hookXDP, r.lb.Program(), mk(r), ""})
+			paths = append(paths, path{name, hookXDP, r.lb.Program(), mk(r), "", nil})
 			on = append(on, r)
 		}
 		groups = append(groups, g)
@@ -85,7 +85,7 @@ func benchAB(t *testnet.Script, objs [][]byte, names []string, v6 bool, rounds, 
 	// helpers) warm.
 	meds := make([][]time.Duration, len(paths))
 	time1 := func(i int) {
-		meds[i] = append(meds[i], roundCost(on[i].timeRuns(t, paths[i].prog, paths[i].hook, runs, paths[i].next)))
+		meds[i] = append(meds[i], on[i].round(t, paths[i], runs))
 	}
 	for round := range rounds {
 		time1(0)

@@ -15,7 +15,7 @@ import (
 // cost over the empty program's, so that a path's figure can be read as
 // the sum of what it does on this machine.
 func benchPrimitives(t *testnet.Script, r *rig, fl *floorSet, frame []byte, rounds, runs int) {
-	o := &fl.objs
+	o := &fl.objs[0]
 	// The lookups hit: the key each program reads from the frame is in
 	// its map.
 	for _, m := range []*ebpf.Map{o.PrimHash16, o.PrimHash40, o.PrimLru40} {
@@ -25,7 +25,7 @@ func benchPrimitives(t *testnet.Script, r *rig, fl *floorSet, frame []byte, roun
 		}
 	}
 	one := func(name string, p *ebpf.Program) path {
-		return path{name, hookXDP, p, func(int) []byte { return frame }, ""}
+		return path{name, hookXDP, p, func(int) []byte { return frame }, "", nil}
 	}
 	paths := []path{
 		one("empty program", fl.hooks[hookXDP].pass),
@@ -37,7 +37,7 @@ func benchPrimitives(t *testnet.Script, r *rig, fl *floorSet, frame []byte, roun
 		one("+ hash lookup, 16-byte key", o.L4lbPrimHash16),
 		one("+ hash lookup, 40-byte key", o.L4lbPrimHash40),
 		one("+ LRU hash lookup, 40-byte key", o.L4lbPrimLru40),
-		one("parse + one lookup floor", fl.hooks[hookXDP].parse),
+		fl.paths(hookXDP, frame)[1],
 	}
 	res := r.measure(t, paths, rounds, runs)
 	fmt.Printf("\nprimitives, XDP: what one operation adds to the empty program (ns, same method)\n")
