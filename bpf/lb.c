@@ -32,6 +32,7 @@
 #include "include/snat.h"
 #include "include/srcrange.h"
 #include "include/stats.h"
+#include "include/svccache.h"
 #include "include/validate.h"
 
 char __license[] SEC("license") = "Dual BSD/GPL";
@@ -402,7 +403,6 @@ static __always_inline int not_frontend(const struct hook *h, const struct packe
 static __always_inline int lb_process(const struct hook *h, struct icmp_todo *todo)
 {
 	struct packet *p = &todo->p;
-	struct svc_key sk = {};
 	struct selection sel;
 	struct svc_value *svc;
 	struct flow_cache_entry *fc;
@@ -489,8 +489,7 @@ static __always_inline int lb_process(const struct hook *h, struct icmp_todo *to
 		}
 	}
 
-	svc_key_of(&sk, &p->key);
-	svc = bpf_map_lookup_elem(&services, &sk);
+	svc = svc_lookup(p, now, gen);
 	if (!svc)
 		return not_frontend(h, p);
 	if ((svc->flags & L4LB_SVC_SOURCE_RANGES) && !source_allowed(svc->id, p->key.src)) {

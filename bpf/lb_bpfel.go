@@ -269,6 +269,17 @@ type LbSrcRangeKey struct {
 	Addr      [16]uint8
 }
 
+type LbSvcCacheEntry struct {
+	_      structs.HostLayout
+	Addr   [16]uint8
+	Port   uint16
+	Proto  uint8
+	Used   uint8
+	Gen    uint32
+	Val    LbSvcValue
+	Filled uint64
+}
+
 type LbSvcKey struct {
 	_     structs.HostLayout
 	Addr  [16]uint8
@@ -326,6 +337,7 @@ const (
 	LbMapSnatRevOvf           = "snat_rev_ovf"
 	LbMapSnatScratch          = "snat_scratch"
 	LbMapSrcRanges            = "src_ranges"
+	LbMapSvcCache             = "svc_cache"
 	LbMapSvcGen               = "svc_gen"
 	LbMapSvcStats             = "svc_stats"
 	LbMapTxPorts              = "tx_ports"
@@ -433,6 +445,7 @@ type LbMapSpecs struct {
 	SnatRevOvf      *ebpf.MapSpec `ebpf:"snat_rev_ovf"`
 	SnatScratch     *ebpf.MapSpec `ebpf:"snat_scratch"`
 	SrcRanges       *ebpf.MapSpec `ebpf:"src_ranges"`
+	SvcCache        *ebpf.MapSpec `ebpf:"svc_cache"`
 	SvcGen          *ebpf.MapSpec `ebpf:"svc_gen"`
 	SvcStats        *ebpf.MapSpec `ebpf:"svc_stats"`
 	TxPorts         *ebpf.MapSpec `ebpf:"tx_ports"`
@@ -512,6 +525,7 @@ type LbMaps struct {
 	SnatRevOvf      *ebpf.Map `ebpf:"snat_rev_ovf"`
 	SnatScratch     *ebpf.Map `ebpf:"snat_scratch"`
 	SrcRanges       *ebpf.Map `ebpf:"src_ranges"`
+	SvcCache        *ebpf.Map `ebpf:"svc_cache"`
 	SvcGen          *ebpf.Map `ebpf:"svc_gen"`
 	SvcStats        *ebpf.Map `ebpf:"svc_stats"`
 	TxPorts         *ebpf.Map `ebpf:"tx_ports"`
@@ -543,6 +557,7 @@ func (m *LbMaps) Close() error {
 		m.SnatRevOvf,
 		m.SnatScratch,
 		m.SrcRanges,
+		m.SvcCache,
 		m.SvcGen,
 		m.SvcStats,
 		m.TxPorts,

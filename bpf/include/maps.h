@@ -127,10 +127,22 @@ struct {
 } flow_cache SEC(".maps");
 
 /*
- * The generation of what a flow-cache slot copies (flowcache.h): bumped
- * by the control plane after it deletes or rewrites connection entries and
- * after every write to svc_gen, backends, backend_routes and nexthops, which
- * empties every CPU's flow cache at once. Pinned, so that the program an
+ * The service cache (svccache.h): per CPU, direct-mapped, copies of the
+ * service entries new flows look up. Not pinned, like flow_cache.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct svc_cache_entry);
+	__uint(max_entries, L4LB_SVC_CACHE_SLOTS);
+} svc_cache SEC(".maps");
+
+/*
+ * The generation of what a flow-cache slot (flowcache.h) and a
+ * service-cache slot (svccache.h) copy: bumped by the control plane after
+ * it deletes or rewrites connection entries and after every write to
+ * services, svc_gen, backends, backend_routes and nexthops, which empties
+ * every CPU's caches at once. Pinned, so that the program an
  * earlier l4lbd attached and the maps a later one writes agree on it.
  */
 struct {

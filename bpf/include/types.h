@@ -162,6 +162,25 @@ struct flow_cache_entry {
 #define L4LB_FLOW_CACHE_SLOTS 4096
 
 /*
+ * A slot of a CPU's service cache (bpf/include/svccache.h): a copy of one
+ * service entry, with its frontend, and the flow_cache_gen it was copied
+ * under.
+ */
+struct svc_cache_entry {
+	__u8 addr[16];         /* the frontend, as struct svc_key */
+	__be16 port;
+	__u8 proto;
+	__u8 used;             /* 1 once filled */
+	__u32 gen;             /* flow_cache_gen when filled */
+	struct svc_value val;  /* the services entry */
+	__u64 filled;          /* coarse clock (clock.h) when filled */
+} __attribute__((aligned(8)));
+
+/* Slots of each CPU's service cache: a power of two. */
+#define L4LB_SVC_CACHE_SLOTS 1024
+#define L4LB_SVC_CACHE_SHIFT 10
+
+/*
  * One DSR SYN's choice in the handshakes map: its full 64-bit flow hash
  * (SipHash keyed with the secret seed, so a spoofer cannot aim at another
  * flow's slot), the backend it went to and its service. Written without a

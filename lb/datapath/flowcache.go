@@ -11,10 +11,11 @@ import (
 
 // cacheGen is the generation of what the CPUs' flow caches copy
 // (flow_cache_gen, bpf/include/flowcache.h): conntrack entries, svc_gen
-// words, backends and their routes. Whatever writes one of those maps
-// bumps it afterwards, and every slot filled before is then a miss, so a
-// change reaches the next packet as it would without the cache. A bump
-// that fails leaves stale slots for at most the second a slot lives.
+// words, backends and their routes; and of what their service caches copy
+// (bpf/include/svccache.h): service entries. Whatever writes one of those
+// maps bumps it afterwards, and every slot filled before is then a miss,
+// so a change reaches the next packet as it would without the caches. A
+// bump that fails leaves stale slots for at most the second a slot lives.
 // Only l4lbd writes the map, one l4lbd at a time (the state lock), so the
 // value read at load and counted up here is the map's.
 type cacheGen struct {

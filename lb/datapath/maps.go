@@ -180,6 +180,13 @@ func (d *LB) SetService(id reconciler.ServiceID, svc lb.Service) error {
 		}
 		return fmt.Errorf("write service entry %s: %w", svc.Frontend, err)
 	}
+	// The CPUs' service caches (bpf/include/svccache.h) drop their copy
+	// of the old entry before the prefixes only it allowed go: with the
+	// copy, an entry losing its source ranges would meanwhile let no
+	// client in.
+	if err := d.cache.bump(); err != nil {
+		return fmt.Errorf("service %s: %w", svc.Frontend, err)
+	}
 	if err := d.pruneRanges(id, keys); err != nil {
 		// The entry is written; the next pass prunes again.
 		return fmt.Errorf("service %s: %w", svc.Frontend, err)
@@ -508,6 +515,7 @@ func (d *LB) adoptServices() error {
 	// Entries whose word is not svc_gen's (an earlier l4lbd's, or one
 	// ensure renewed) get it, or their new flows would stamp entries the
 	// fast path never accepts.
+	rewritten := false
 	for id, sv := range live {
 		if sv.SvcWord == ids[id] {
 			continue
@@ -516,6 +524,14 @@ func (d *LB) adoptServices() error {
 		k := keys[id]
 		if err := d.services.Update(&k, &sv, ebpf.UpdateExist); err != nil {
 			return fmt.Errorf("datapath: write the word of adopted service id %d: %w", id, err)
+		}
+		rewritten = true
+	}
+	// A program still running from the earlier l4lbd may hold copies of
+	// the entries just rewritten (service caches, svccache.h).
+	if rewritten {
+		if err := d.cache.bump(); err != nil {
+			return fmt.Errorf("datapath: %w", err)
 		}
 	}
 	d.words = words

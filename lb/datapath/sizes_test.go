@@ -53,6 +53,7 @@ var (
 		bpf.LbMapNexthops:        {size(uint32(0)), size(bpf.LbNexthop{})},
 		bpf.LbMapFlowCache:       {size(uint32(0)), size(bpf.LbFlowCacheEntry{})},
 		bpf.LbMapFlowCacheGen:    {size(uint32(0)), size(uint32(0))},
+		bpf.LbMapSvcCache:        {size(uint32(0)), size(bpf.LbSvcCacheEntry{})},
 	}
 	// One Maglev chunk: maglevChunk backend ids.
 	maglevInnerLayout = mapLayout{size(uint32(0)), datapath.MaglevChunk * size(uint32(0))}
