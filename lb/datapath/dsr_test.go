@@ -187,6 +187,10 @@ func TestNextHop(t *testing.T) {
 			// A second interface, lb1, with its own subnet and backend.
 			peer := testnet.NewNS(t, "peer1")
 			testnet.Veth(t, e.ns, "lb1", peer, "peer1")
+			// The program is attached to lb1 below and counts whatever
+			// arrives there: the peer must not send the router
+			// solicitations and MLD reports IPv6 sends on its own.
+			peer.Sysctl(t, "net.ipv6.conf.peer1.disable_ipv6", "1")
 			e.ns.AddAddr(t, "lb1", "10.1.0.1/24")
 			e.ns.AddAddr(t, "lb1", "fd01::1/64")
 			be := netip.MustParseAddr("10.1.0.11")
