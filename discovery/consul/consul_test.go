@@ -519,7 +519,9 @@ func TestTokenFile(t *testing.T) {
 	cfg = consulConfig(strings.TrimPrefix(srv.URL, "http://"))
 	cfg.TokenFile = tok
 	h := runSource(t, cfg, consul.Options{})
-	st := h.waitStatus("the ACL error", func(st discovery.Status) bool { return strings.Contains(st.Error, "403") })
+	// The agent's answer, not just "403": until the first answer the
+	// status names the agent's address, whose port may contain 403.
+	st := h.waitStatus("the ACL error", func(st discovery.Status) bool { return strings.Contains(st.Error, "403 (ACL not found)") })
 	if got, _ := seen.Load().(string); got != secret {
 		t.Errorf("agent saw token %q, want the file's content without the newline", got)
 	}
