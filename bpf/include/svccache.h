@@ -46,14 +46,18 @@ static __always_inline struct svc_value *svc_lookup(const struct packet *p, __u6
 	__u64 x = (d[0] ^ d[1] ^ ((__u64)p->key.dport << 8 | p->key.proto)) * 0x9e3779b97f4a7c15ULL;
 	__u32 idx = (__u32)(x >> (64 - L4LB_SVC_CACHE_SHIFT));
 	struct svc_cache_entry *e = bpf_map_lookup_elem(&svc_cache, &idx);
-	struct svc_key sk = {};
 	struct svc_value *v;
 
 	if (e && e->used && e->gen == gen && now - e->filled < CT_REFRESH_NS && e->port == p->key.dport &&
 	    e->proto == p->key.proto && ((const __u64 *)e->addr)[0] == d[0] && ((const __u64 *)e->addr)[1] == d[1])
 		return &e->val;
-	svc_key_of(&sk, &p->key);
-	v = bpf_map_lookup_elem(&services, &sk);
+	{
+		/* Only a miss builds the map's key. */
+		struct svc_key sk = {};
+
+		svc_key_of(&sk, &p->key);
+		v = bpf_map_lookup_elem(&services, &sk);
+	}
 	if (v && e) {
 		copy16(e->addr, p->key.dst);
 		e->port = p->key.dport;

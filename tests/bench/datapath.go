@@ -352,12 +352,9 @@ type path struct {
 
 // round times one round of p (roundCost), over its copies if it has any.
 func (r *rig) round(t *testnet.Script, p path, runs int) time.Duration {
-	if len(p.copies) == 0 {
-		return roundCost(r.timeRuns(t, p.prog, p.hook, runs, p.next))
-	}
-	costs := []time.Duration{roundCost(r.timeRuns(t, p.prog, p.hook, runs, p.next))}
-	for _, c := range p.copies {
-		costs = append(costs, roundCost(r.timeRuns(t, c, p.hook, runs, p.next)))
+	var costs []time.Duration
+	for _, prog := range append([]*ebpf.Program{p.prog}, p.copies...) {
+		costs = append(costs, roundCost(r.timeRuns(t, prog, p.hook, runs, p.next)))
 	}
 	return median(costs)
 }
