@@ -198,15 +198,32 @@ func (ns *NS) Handle() *netns.NsHandle { return &ns.handle }
 // Netlink returns a netlink handle bound to the namespace.
 func (ns *NS) Netlink() *netlink.Handle { return ns.nl }
 
-// Do runs fn on an OS thread switched into the namespace. fn must not start
+// Do runs fn on an OS thread switched into the namespace, on the CPUs the
+// calling thread may run on (a test that keeps itself on one CPU, for the
+// datapath's per-CPU state, keeps fn there too). fn must not start
 // goroutines that expect to stay in the namespace.
 func (ns *NS) Do(fn func() error) error {
+	var cpus unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &cpus); err != nil {
+		return fmt.Errorf("read the calling thread's CPUs: %w", err)
+	}
 	errc := make(chan error, 1)
 	go func() {
 		// The thread is left locked on purpose: if switching back
 		// fails, the runtime discards it rather than reusing a thread
 		// that sits in the wrong namespace.
 		runtime.LockOSThread()
+		var own unix.CPUSet
+		if err := unix.SchedGetaffinity(0, &own); err != nil {
+			errc <- err
+			return
+		}
+		if own != cpus {
+			if err := unix.SchedSetaffinity(0, &cpus); err != nil {
+				errc <- fmt.Errorf("move to the calling thread's CPUs: %w", err)
+				return
+			}
+		}
 		orig, err := netns.Get()
 		if err != nil {
 			errc <- err
@@ -221,6 +238,12 @@ func (ns *NS) Do(fn func() error) error {
 		if serr := netns.Set(orig); serr != nil {
 			errc <- fmt.Errorf("return to the original netns: %w", serr)
 			return
+		}
+		if own != cpus {
+			if serr := unix.SchedSetaffinity(0, &own); serr != nil {
+				errc <- fmt.Errorf("return to the thread's own CPUs: %w", serr)
+				return
+			}
 		}
 		runtime.UnlockOSThread()
 		errc <- err
