@@ -333,6 +333,7 @@ const (
 	LbMapServices             = "services"
 	LbMapSnatFwd              = "snat_fwd"
 	LbMapSnatFwdOvf           = "snat_fwd_ovf"
+	LbMapSnatOvfSeen          = "snat_ovf_seen"
 	LbMapSnatRev              = "snat_rev"
 	LbMapSnatRevOvf           = "snat_rev_ovf"
 	LbMapSnatScratch          = "snat_scratch"
@@ -441,6 +442,7 @@ type LbMapSpecs struct {
 	Services        *ebpf.MapSpec `ebpf:"services"`
 	SnatFwd         *ebpf.MapSpec `ebpf:"snat_fwd"`
 	SnatFwdOvf      *ebpf.MapSpec `ebpf:"snat_fwd_ovf"`
+	SnatOvfSeen     *ebpf.MapSpec `ebpf:"snat_ovf_seen"`
 	SnatRev         *ebpf.MapSpec `ebpf:"snat_rev"`
 	SnatRevOvf      *ebpf.MapSpec `ebpf:"snat_rev_ovf"`
 	SnatScratch     *ebpf.MapSpec `ebpf:"snat_scratch"`
@@ -521,6 +523,7 @@ type LbMaps struct {
 	Services        *ebpf.Map `ebpf:"services"`
 	SnatFwd         *ebpf.Map `ebpf:"snat_fwd"`
 	SnatFwdOvf      *ebpf.Map `ebpf:"snat_fwd_ovf"`
+	SnatOvfSeen     *ebpf.Map `ebpf:"snat_ovf_seen"`
 	SnatRev         *ebpf.Map `ebpf:"snat_rev"`
 	SnatRevOvf      *ebpf.Map `ebpf:"snat_rev_ovf"`
 	SnatScratch     *ebpf.Map `ebpf:"snat_scratch"`
@@ -553,6 +556,7 @@ func (m *LbMaps) Close() error {
 		m.Services,
 		m.SnatFwd,
 		m.SnatFwdOvf,
+		m.SnatOvfSeen,
 		m.SnatRev,
 		m.SnatRevOvf,
 		m.SnatScratch,

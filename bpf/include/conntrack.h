@@ -31,6 +31,7 @@
 #include "maglev.h"
 #include "parse.h"
 #include "ratelimit.h"
+#include "snatovf.h"
 #include "stats.h"
 
 /* last_seen is refreshed at most this often, to keep the entry's cache line
@@ -167,7 +168,7 @@ static __always_inline int select_backend(struct packet *p, const struct svc_val
 	if (svc->mode == L4LB_MODE_SNAT && !ct) {
 		struct snat_fwd_value *fwd = bpf_map_lookup_elem(&snat_fwd, &p->key);
 
-		if (!fwd)
+		if (!fwd && snat_ovf_maybe(now))
 			fwd = bpf_map_lookup_elem(&snat_fwd_ovf, &p->key);
 		if (fwd) {
 			const __u64 *a = (const __u64 *)fwd->backend_addr;

@@ -222,6 +222,24 @@ struct {
 } snat_rev_ovf SEC(".maps");
 
 /*
+ * When an overflow binding was last made or used (coarse clock, ns; a
+ * second late at most, and never early), so that while the overflow
+ * tables can hold no live binding, which is all the time a box is not
+ * flooded, a new SNAT flow does not look in them (snat.h,
+ * snat_ovf_maybe). ~0: unknown, look always (lb/datapath writes it when an
+ * earlier l4lbd's program, which does not keep it, may still be making
+ * overflow bindings, until Retire). Pinned: every program that runs keeps
+ * it, so no restart forgets a binding.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(max_entries, 1);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} snat_ovf_seen SEC(".maps");
+
+/*
  * Per-CPU scratch space of the SNAT paths (see struct snat_work).
  * A program run never nests with another on the same CPU, so one slot per
  * CPU is enough. It holds no state between packets, so it is not pinned.

@@ -53,6 +53,7 @@
 #include "maps.h"
 #include "nexthop.h"
 #include "parse.h"
+#include "snatovf.h"
 #include "stats.h"
 
 /* Ports tried per new binding before giving up: the whole range when it has
@@ -382,6 +383,9 @@ static __always_inline int snat_claim(struct snat_work *s, const int ovf)
 
 	if (bpf_map_update_elem(SNAT_REV(ovf), &s->rk, &s->rv, BPF_NOEXIST))
 		return 0;
+	/* The main set's claim reads the mark after its insert. */
+	if (!ovf && !snat_ovf_maybe(s->now))
+		return 1;
 	other = bpf_map_lookup_elem(SNAT_REV(!ovf), &s->rk);
 	if (other && !snat_expired(s->now, other->last_seen, s->rk.proto, other->state)) {
 		bpf_map_delete_elem(SNAT_REV(ovf), &s->rk);
@@ -416,8 +420,9 @@ static long snat_probe_port(__u32 i, void *data)
 	}
 	if (!m)
 		return 0;
-	o = snat_port_state(s, 1);
+	o = snat_ovf_maybe(s->now) ? snat_port_state(s, 1) : 1;
 	if (o == 2) {
+		snat_ovf_mark(s->now);
 		s->table = 1;
 		s->claimed = 1;
 		return 1;
@@ -598,13 +603,16 @@ static __always_inline int snat_bind(const struct packet *p, const struct select
 	r = snat_find(p, sel, svc_id, s, 0);
 	if (r != SNAT_MISS)
 		return r;
-	r = snat_find(p, sel, svc_id, s, 1);
-	if (r == -1) {
-		snat_promote(p, s);
-		return -1;
+	if (snat_ovf_maybe(s->now)) {
+		r = snat_find(p, sel, svc_id, s, 1);
+		if (r == -1) {
+			snat_ovf_mark(s->now);
+			snat_promote(p, s);
+			return -1;
+		}
+		if (r != SNAT_MISS)
+			return r;
 	}
-	if (r != SNAT_MISS)
-		return r;
 
 	/* A new binding. */
 	if (hi < lo || snat_pick_addr(p->family, sel->hash, s->rk.snat_addr))
@@ -614,6 +622,9 @@ static __always_inline int snat_bind(const struct packet *p, const struct select
 	s->start = sel->hash % s->range;
 	s->claimed = 0;
 	s->table = !ct_insert_allowed(s->now);
+	/* Before the claim (see snat_ovf_maybe). */
+	if (s->table)
+		snat_ovf_mark(s->now);
 	snat_fill_rev(s, p, svc_id, snat_new_state(proto, s->flags));
 	bpf_loop(s->range < SNAT_PROBES ? s->range : SNAT_PROBES, snat_probe_port, &s, 0);
 	if (!s->claimed)
@@ -689,6 +700,8 @@ static __always_inline struct snat_rev_value *snat_reply_binding(const struct pa
 		/* A dead binding is forgotten; its port is free again. */
 		bpf_map_delete_elem(&snat_rev, &s->rk);
 	}
+	if (!snat_ovf_maybe(now))
+		return NULL;
 	rv = bpf_map_lookup_elem(&snat_rev_ovf, &s->rk);
 	if (!rv)
 		return NULL;
@@ -737,8 +750,11 @@ static __always_inline int snat_reply(const struct hook *h, const struct packet 
 	if (st != rv->state)
 		rv->state = st;
 	snat_touch(&rv->last_seen, now, p->key.proto, st);
-	if (ovf && !(rv->flags & L4LB_SNAT_ANSWERED))
-		rv->flags |= L4LB_SNAT_ANSWERED;
+	if (ovf) {
+		snat_ovf_mark(now);
+		if (!(rv->flags & L4LB_SNAT_ANSWERED))
+			rv->flags |= L4LB_SNAT_ANSWERED;
+	}
 	/* A copy: another CPU may reuse the entry while this one works. */
 	s->rv = *rv;
 

@@ -208,6 +208,7 @@ func Load(cfg Config) (*LB, error) {
 		return nil, err
 	}
 
+	markPinned, ovfPinned := ovfPinsBefore(cfg.PinPath)
 	coll, err := newCollection("LB", spec, cfg.PinPath, linkDir)
 	if err != nil {
 		return nil, err
@@ -252,6 +253,11 @@ func Load(cfg Config) (*LB, error) {
 		return nil, err
 	}
 	if err := d.migrate(); err != nil {
+		d.closeLegacy()
+		coll.Close()
+		return nil, err
+	}
+	if err := d.guardOverflowMark(markPinned, ovfPinned); err != nil {
 		d.closeLegacy()
 		coll.Close()
 		return nil, err

@@ -135,9 +135,13 @@ func copyCounters(src, dst *ebpf.Map) (int, error) {
 // Retire finishes moving maps to new layouts once every interface runs
 // this datapath's programs (the daemon calls it after attaching): what the
 // previous programs added meanwhile is moved too, then the old maps are
-// unpinned. Without maps to move it does nothing.
+// unpinned. It also settles the SNAT overflow mark (snatovf.go). Without
+// maps to move or a mark to settle it does nothing.
 func (d *LB) Retire() error {
 	var errs []error
+	if err := d.settleOverflowMark(); err != nil {
+		errs = append(errs, err)
+	}
 	for _, l := range d.legacy {
 		var n int
 		if !l.lv.counters {

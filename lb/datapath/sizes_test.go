@@ -54,6 +54,7 @@ var (
 		bpf.LbMapFlowCache:       {size(uint32(0)), size(bpf.LbFlowCacheEntry{})},
 		bpf.LbMapFlowCacheGen:    {size(uint32(0)), size(uint32(0))},
 		bpf.LbMapSvcCache:        {size(uint32(0)), size(bpf.LbSvcCacheEntry{})},
+		bpf.LbMapSnatOvfSeen:     {size(uint32(0)), size(uint64(0))},
 	}
 	// One Maglev chunk: maglevChunk backend ids.
 	maglevInnerLayout = mapLayout{size(uint32(0)), datapath.MaglevChunk * size(uint32(0))}
