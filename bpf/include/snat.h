@@ -509,6 +509,8 @@ static __always_inline int snat_find(const struct packet *p, const struct select
 			/* The reverse half was evicted: claim the port back,
 			 * unless the other set holds it now. */
 			snat_fill_rev(s, p, svc_id, snat_next_state(proto, s->flags, fwd->state, 1));
+			if (ovf)
+				snat_ovf_mark(s->now); /* before the insert */
 			if (snat_claim(s, ovf)) {
 				fwd->state = s->rv.state;
 				fwd->last_seen = s->now;
