@@ -101,8 +101,9 @@ struct {
  * Flow -> backend. An LRU shared by all CPUs, so that its capacity is what
  * datapath.conntrack_max says whichever CPUs the flows arrive on (per-CPU
  * lists would give each CPU a 1/ncpus share). The kernel keeps per-CPU
- * free lists in front of the shared one; make bench measured no insert
- * cost over per-CPU lists. Pinned as conntrack_v2 (lb/datapath/migrate.go
+ * free lists in front of the shared one; make bench measured inserts
+ * cheaper than with per-CPU lists, whose every pop rotates the CPU's lists
+ * (docs/datapath.md). Pinned as conntrack_v2 (lb/datapath/migrate.go
  * moves the entries of the per-CPU map an earlier l4lbd pinned as
  * conntrack).
  */
