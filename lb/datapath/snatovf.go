@@ -24,19 +24,18 @@ import (
 // once no such program runs, brings it down to now, which covers every
 // binding made until then.
 
-// ovfMarkUnknown is the mark's "look always" value: ahead of any clock.
-const ovfMarkUnknown = ^uint64(0)
-
 const (
+	// ovfMarkUnknown is the mark's "look always" value: ahead of any
+	// clock.
+	ovfMarkUnknown = ^uint64(0)
 	// ovfMarkLate is how far the datapath lets the mark fall behind a
 	// binding's last use (SNAT_OVF_MARK_NS), plus a tick of clock skew.
 	ovfMarkLate = 2 * time.Second
-	// ovfMarkPin is the mark's pin name.
-	ovfMarkPin = "snat_ovf_seen"
 )
 
 // ovfPinsBefore reports, before Load creates the collection, whether the
-// mark was pinned and whether overflow tables were.
+// mark was pinned and whether overflow tables were (these maps are pinned
+// under their own names).
 func ovfPinsBefore(pinPath string) (mark, tables bool) {
 	if pinPath == "" {
 		return false, false
@@ -45,7 +44,7 @@ func ovfPinsBefore(pinPath string) (mark, tables bool) {
 		_, err := os.Stat(filepath.Join(pinPath, name))
 		return err == nil
 	}
-	return exists(ovfMarkPin), exists(bpf.LbMapSnatFwdOvf) || exists(bpf.LbMapSnatRevOvf)
+	return exists(bpf.LbMapSnatOvfSeen), exists(bpf.LbMapSnatFwdOvf) || exists(bpf.LbMapSnatRevOvf)
 }
 
 // guardOverflowMark runs in Load, before this datapath's programs run:
@@ -71,7 +70,7 @@ func (d *LB) guardOverflowMark(markPinned, tablesPinned bool) error {
 	if !unmarked {
 		return nil
 	}
-	d.log.Info("SNAT overflow tables are looked up for every new flow until this datapath runs everywhere: an earlier program did not keep their mark")
+	d.log.Info("an earlier program may have made SNAT overflow bindings without marking them: new SNAT flows look in the overflow tables until the longest SNAT timeout after this datapath runs everywhere")
 	return d.setOverflowMark(ovfMarkUnknown)
 }
 
