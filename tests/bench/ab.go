@@ -83,19 +83,15 @@ func benchAB(t *testnet.Script, objs [][]byte, names []string, v6 bool, rounds, 
 	// The build that runs first moves round by round: whichever runs
 	// after another finds the kernel code they share (map and LRU
 	// helpers) warm.
-	meds := make([][]time.Duration, len(paths))
-	time1 := func(i int) {
-		meds[i] = append(meds[i], on[i].round(t, paths[i], runs))
-	}
-	for round := range rounds {
-		time1(0)
-		time1(1)
-		for _, g := range groups {
-			for k := range g.at {
-				time1(g.at[(k+round)%len(g.at)])
-			}
+	var order [][][]int
+	for _, g := range groups {
+		var slots [][]int
+		for _, i := range g.at {
+			slots = append(slots, []int{i})
 		}
+		order = append(order, slots)
 	}
+	meds := timeRounds(t, paths, on, order, rounds, runs)
 	res := summarize(meds)
 	empty, floorNet := res[0].med, res[1].med-res[0].med
 	fmt.Printf("\nA/B, XDP %s, %d rounds x %d packets, the builds interleaved (the first one moving round by round):\n", family(v6), rounds, runs)
@@ -132,6 +128,31 @@ func benchAB(t *testnet.Script, objs [][]byte, names []string, v6 bool, rounds, 
 		}
 		fmt.Println()
 	}
+}
+
+// timeRounds times paths round by round: the two floors (paths 0 and 1)
+// first, then each group's slots, the slot that goes first moving round by
+// round, since whichever runs after another finds the kernel code they
+// share warm. A slot is the paths timed as one (a build's path, a service
+// count's copies); on[i] is the rig path i runs on. It returns each path's
+// cost in each round.
+func timeRounds(t *testnet.Script, paths []path, on []*rig, groups [][][]int, rounds, runs int) [][]time.Duration {
+	costs := make([][]time.Duration, len(paths))
+	time1 := func(i int) {
+		costs[i] = append(costs[i], on[i].round(t, paths[i], runs))
+	}
+	for round := range rounds {
+		time1(0)
+		time1(1)
+		for _, g := range groups {
+			for k := range g {
+				for _, i := range g[(k+round)%len(g)] {
+					time1(i)
+				}
+			}
+		}
+	}
+	return costs
 }
 
 // perFloor is d's net cost (d - empty) as a multiple of the floor's.

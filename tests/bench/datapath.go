@@ -393,6 +393,10 @@ type floors struct {
 	parse []*ebpf.Program
 }
 
+// scaleCopies is how many datapaths each service count of the scale table
+// is timed on (see benchScale).
+const scaleCopies = 3
+
 // floorCopies is how many times the parse+lookup floor is loaded, each
 // with maps of its own. What one load costs depends on where the kernel
 // put its map and code: on the project's test box, eight loads in one
@@ -542,75 +546,139 @@ func (r *rig) establish(t *testnet.Script, prog *ebpf.Program, k hookKind, tg ta
 	r.timeRuns(t, prog, k, 1, func(int) []byte { return est })
 }
 
-// benchScale times the main paths with the service map holding the
-// targets alone, 10,000 and 100,000 services, on one datapath of its own,
-// next to the floors. Before each count is timed, every flow is flushed
-// and the established ones made again, so that each count starts from the
-// same empty connection table: timed one after the other without that, the
-// later counts found the entries the earlier ones' new flows had made, and
-// a miss in a fuller table alone made their new flows cost 10 to 15% more.
-// Then a backend change on the 100,000 services' real maps.
+// benchScale times the main paths at 1, 10,000 and 100,000 services, each
+// count on datapaths of its own (one service: the DSR paths' alone on one
+// datapath, the SNAT path's alone on another), all in the same rounds, the
+// count timed first moving round by round, as benchAB does for builds. So
+// each count starts from empty connection tables, the machine's drift
+// falls on every count alike, and the ratio of two counts is taken within
+// a round. Each count has scaleCopies datapaths, and a round's figure for
+// it is the median of theirs: where the kernel put a datapath's maps moves
+// a new flow's cost by more than the service count does (one datapath per
+// count read a SYN at 100,000 services 0.82 of one service's). Timed one
+// count after another on one datapath instead, the later counts found the
+// entries the earlier ones' new flows had made, and whichever count came
+// first read cheaper. Then a backend change on the 100,000 services' real
+// maps.
 func benchScale(t *testnet.Script, obj []byte, fl *floorSet, svcs []lb.Service, tgs []target, floorFrame []byte, rounds, runs int) {
-	r := newRig(t, obj)
-	prog := r.lb.Program()
-	nonVIP := r.nonVIP(t, false)
-	estIP := r.packet(t, tgs[0], 2000, false, true)
-	estSNAT := r.packet(t, tgs[3], 2000, false, true)
-	scalePaths := func() []path {
-		p := fl.paths(hookXDP, floorFrame)
-		return append(p,
-			path{"non-VIP pass-through", hookXDP, prog, func(int) []byte { return nonVIP }, "nonvip", nil},
-			path{"dsr/ipip IPv4: established", hookXDP, prog, func(int) []byte { return estIP }, "established", nil},
-			path{"dsr/ipip IPv4: new flow, SYN", hookXDP, prog, r.fresh(t, tgs[0], true), "syn", nil},
-			path{"dsr/ipip IPv4: new flow, first non-SYN", hookXDP, prog, r.fresh(t, tgs[0], false), "first", nil},
-			path{"snat IPv4: established", hookXDP, prog, func(int) []byte { return estSNAT }, "established", nil},
-		)
-	}
-	type level struct {
-		n   int
-		res []timing
-	}
-	var levels []level
+	dsrTg, snatTg := tgs[0], tgs[3]
+	counts := []int{1, 10_000, maxServices - 1}
+	// rigs[c] serve count c; snat1 the SNAT path at one service.
+	rigs := make([][]*rig, len(counts))
+	var snat1 []*rig
 	var took []time.Duration
-	for _, n := range []int{len(svcs), 10_000, maxServices - 1} {
-		fill := filler(n - len(svcs))
+	program := func(services []lb.Service) *rig {
+		r := newRig(t, obj)
 		start := time.Now()
-		if err := r.rec.Reconcile(append(slices.Clone(svcs), fill...)); err != nil {
-			t.Fatalf("reconcile %d services: %v", n, err)
+		if err := r.rec.Reconcile(services); err != nil {
+			t.Fatalf("reconcile %d services: %v", len(services), err)
 		}
 		took = append(took, time.Since(start))
-		if _, err := r.lb.FlushFlows(datapath.FlowFilter{}); err != nil {
-			t.Fatalf("flush flows: %v", err)
-		}
-		r.establish(t, prog, hookXDP, tgs[0], estIP)
-		r.establish(t, prog, hookXDP, tgs[3], estSNAT)
-		// What programming left to the Go runtime is collected now
-		// rather than on the other CPU while paths are timed.
-		runtime.GC()
-		levels = append(levels, level{n, r.measure(t, scalePaths(), rounds, runs)})
+		return r
 	}
-	paths := scalePaths()
-	fmt.Printf("\nscale, XDP IPv4: ns (net/floor) at each service count, each from an empty connection table; ratio = net at N / net at %d\n", levels[0].n)
+	for range scaleCopies {
+		rigs[0] = append(rigs[0], program([]lb.Service{svcs[0]}))
+		snat1 = append(snat1, program([]lb.Service{svcs[3]}))
+		for c, n := range counts[1:] {
+			rigs[c+1] = append(rigs[c+1], program(append(slices.Clone(svcs), filler(n-len(svcs))...)))
+		}
+	}
+
+	paths := fl.paths(hookXDP, floorFrame)
+	on := []*rig{rigs[0][0], rigs[0][0]}
+	// A group is one path at every count: at[c] indexes count c's
+	// copies.
+	type group struct {
+		name string
+		at   [][]int
+	}
+	var groups []group
+	add := func(name string, snat bool, mk func(r *rig) func(int) []byte) {
+		g := group{name: name, at: make([][]int, len(counts))}
+		for c := range counts {
+			rs := rigs[c]
+			if c == 0 && snat {
+				rs = snat1
+			}
+			for _, r := range rs {
+				g.at[c] = append(g.at[c], len(paths))
+				paths = append(paths, path{name, hookXDP, r.lb.Program(), mk(r), "", nil})
+				on = append(on, r)
+			}
+		}
+		groups = append(groups, g)
+	}
+	established := func(tg target) func(r *rig) func(int) []byte {
+		return func(r *rig) func(int) []byte {
+			est := r.packet(t, tg, 2000, false, true)
+			r.establish(t, r.lb.Program(), hookXDP, tg, est)
+			return func(int) []byte { return est }
+		}
+	}
+	add("non-VIP pass-through", false, func(r *rig) func(int) []byte {
+		frame := r.nonVIP(t, false)
+		return func(int) []byte { return frame }
+	})
+	add(dsrTg.name+": established", false, established(dsrTg))
+	add(dsrTg.name+": new flow, SYN", false, func(r *rig) func(int) []byte { return r.fresh(t, dsrTg, true) })
+	add(dsrTg.name+": new flow, first non-SYN", false, func(r *rig) func(int) []byte { return r.fresh(t, dsrTg, false) })
+	add(snatTg.name+": established", true, established(snatTg))
+	// What programming left to the Go runtime is collected now rather
+	// than on the other CPU while paths are timed.
+	runtime.GC()
+
+	// perRound[i] is path i's cost in each round; a count's figure in a
+	// round is the median of its copies'.
+	var order [][][]int
+	for _, g := range groups {
+		order = append(order, g.at)
+	}
+	perRound := timeRounds(t, paths, on, order, rounds, runs)
+	countCost := func(at []int, round int) time.Duration {
+		var cs []time.Duration
+		for _, i := range at {
+			cs = append(cs, perRound[i][round])
+		}
+		return median(cs)
+	}
+	floors := summarize(perRound[:2])
+	empty, floorNet := floors[0].med, floors[1].med-floors[0].med
+	fmt.Printf("\nscale, XDP IPv4, each count on %d datapaths of its own, all in the same rounds: ns (net/floor); floors: empty program %d ns, parse + one lookup %d ns\n",
+		scaleCopies, empty.Nanoseconds(), floors[1].med.Nanoseconds())
+	fmt.Printf("ratio = median over rounds of the path's net at N / its net at 1 service in the same round\n")
 	fmt.Printf("  %-42s", "path")
-	for _, l := range levels {
-		fmt.Printf(" %19s", fmt.Sprintf("%d services", l.n))
+	for _, n := range counts {
+		fmt.Printf(" %19s", fmt.Sprintf("%d service%s", n, map[bool]string{true: "", false: "s"}[n == 1]))
 	}
 	fmt.Printf("  %s\n", "ratio 10k / 100k")
-	for i, p := range paths {
-		fmt.Printf("  %-42s", p.name)
-		for _, l := range levels {
-			fmt.Printf(" %8d (%6.2fx)   ", l.res[i].med.Nanoseconds(), perFloor(l.res[i].med, l.res[0].med, l.res[1].med-l.res[0].med))
+	for _, g := range groups {
+		fmt.Printf("  %-42s", g.name)
+		per := make([][]time.Duration, len(counts))
+		for c := range counts {
+			for round := range rounds {
+				per[c] = append(per[c], countCost(g.at[c], round))
+			}
+			med := median(per[c])
+			fmt.Printf(" %8d (%6.2fx)   ", med.Nanoseconds(), perFloor(med, empty, floorNet))
 		}
-		if i >= 2 {
-			base := float64(levels[0].res[i].med - levels[0].res[0].med)
-			fmt.Printf("  %.2fx / %.2fx", float64(levels[1].res[i].med-levels[1].res[0].med)/base,
-				float64(levels[2].res[i].med-levels[2].res[0].med)/base)
+		var out []string
+		for c := 1; c < len(counts); c++ {
+			var ratios []float64
+			for round := range rounds {
+				base, x := per[0][round]-perRound[0][round], per[c][round]-perRound[0][round]
+				if base > 0 {
+					ratios = append(ratios, float64(x)/float64(base))
+				}
+			}
+			slices.Sort(ratios)
+			out = append(out, fmt.Sprintf("%.2fx", ratios[len(ratios)/2]))
 		}
-		fmt.Println()
+		fmt.Printf("  %s\n", strings.Join(out, " / "))
 	}
-	fmt.Printf("  (programmed in %s and %s)\n", took[1].Round(time.Millisecond), took[2].Round(time.Millisecond))
+	fmt.Printf("  (programmed in %s and %s)\n", took[2].Round(time.Millisecond), took[3].Round(time.Millisecond))
 
 	// One backend change among 100,000 services, on the real maps.
+	r := rigs[len(rigs)-1][0]
 	all := append(slices.Clone(svcs), filler(maxServices-1-len(svcs))...)
 	var lat []time.Duration
 	for i := range 21 {
