@@ -102,7 +102,8 @@ demo: deps-demo build
 
 # Benchmarks, each next to its baseline in the same run: Maglev builds
 # against a textbook build, the reconciler at 10 / 1,000 / 10,000 services,
-# and the datapath (needs root) per packet path next to floor programs.
+# and the datapath (needs root, about 7 GB of memory and 3 minutes) per
+# packet path next to floor programs.
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count 6 ./lb/maglev ./lb/reconciler
 	$(GO) run ./tests/bench

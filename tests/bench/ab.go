@@ -33,7 +33,7 @@ func benchAB(t *testnet.Script, objs [][]byte, names []string, v6 bool, rounds, 
 	}
 	rigs := make([]*rig, len(objs))
 	for i := range rigs {
-		rigs[i] = newRig(t, objs[i])
+		rigs[i] = newRig(t, objs[i], 0)
 		if err := rigs[i].rec.Reconcile(svcs); err != nil {
 			t.Fatalf("%s: reconcile: %v", names[i], err)
 		}

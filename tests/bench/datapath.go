@@ -66,7 +66,10 @@ func backend(v6 bool, i int) netip.Addr {
 	return netip.AddrFrom4([4]byte{10, 0, 1, byte(i)})
 }
 
-func newRig(t *testnet.Script, obj []byte) *rig {
+// newRig loads obj (nil: the embedded object) on a namespace of its own,
+// with the daemon's default capacities except SNAT tables of snatMax
+// bindings (0: the default).
+func newRig(t *testnet.Script, obj []byte, snatMax uint32) *rig {
 	// Anonymous: a bench stopped with ^C or killed leaves no namespace.
 	ns := testnet.NewAnonNS(t, "bench")
 	peer := testnet.NewAnonNS(t, "benchpeer")
@@ -98,6 +101,7 @@ func newRig(t *testnet.Script, obj []byte) *rig {
 		// address the 3 backends' ports (3 x 16384 in the default
 		// range) would fill up and time port exhaustion instead.
 		SNATAddresses: snatAddrs,
+		SNATMax:       snatMax,
 		Netns:         ns.Handle(),
 		Object:        obj,
 		Log:           slog.New(slog.DiscardHandler),
@@ -397,6 +401,12 @@ type floors struct {
 // is timed on (see benchScale).
 const scaleCopies = 3
 
+// scaleSNATMax is the SNAT tables' capacity on the scale table's
+// datapaths: twelve datapaths at the default (1,048,576) take 5 GB for
+// SNAT tables alone, and the table compares service counts, every one of
+// them with the same SNAT tables.
+const scaleSNATMax = 65536
+
 // floorCopies is how many times the parse+lookup floor is loaded, each
 // with maps of its own. What one load costs depends on where the kernel
 // put its map and code: on the project's test box, eight loads in one
@@ -425,7 +435,7 @@ func report(title string, paths []path, res []timing) {
 // then the main paths at 1, 10,000 and 100,000 services, then a backend
 // change on real maps; obj is the LB object to time (nil: the embedded one).
 func benchDatapath(t *testnet.Script, obj []byte, rounds, runs int) {
-	r := newRig(t, obj)
+	r := newRig(t, obj, 0)
 	fl := loadFloors(t)
 
 	tgs := targets()
@@ -568,7 +578,7 @@ func benchScale(t *testnet.Script, obj []byte, fl *floorSet, svcs []lb.Service, 
 	var snat1 []*rig
 	var took []time.Duration
 	program := func(services []lb.Service) *rig {
-		r := newRig(t, obj)
+		r := newRig(t, obj, scaleSNATMax)
 		start := time.Now()
 		if err := r.rec.Reconcile(services); err != nil {
 			t.Fatalf("reconcile %d services: %v", len(services), err)
