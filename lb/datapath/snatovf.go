@@ -110,26 +110,19 @@ func (d *LB) unmarkedOverflow(mark uint64) (bool, error) {
 	unmarked := func(seen uint64) bool {
 		return age(now, seen) <= longest+ovfMarkLate && seen > mark && seen-mark > uint64(ovfMarkLate)
 	}
-	var (
-		fk  bpf.LbFlowKey
-		fv  bpf.LbSnatFwdValue
-		rk  bpf.LbSnatRevKey
-		rv  bpf.LbSnatRevValue
-		hit bool
-	)
-	it := d.coll.Maps[bpf.LbMapSnatFwdOvf].Iterate()
-	for !hit && it.Next(&fk, &fv) {
-		hit = unmarked(fv.LastSeen)
+	var hit bool
+	err = walk(d.coll.Maps[bpf.LbMapSnatFwdOvf], func(_ *bpf.LbFlowKey, v *bpf.LbSnatFwdValue) bool {
+		hit = unmarked(v.LastSeen)
+		return !hit
+	})
+	if err == nil && !hit {
+		err = walk(d.coll.Maps[bpf.LbMapSnatRevOvf], func(_ *bpf.LbSnatRevKey, v *bpf.LbSnatRevValue) bool {
+			hit = unmarked(v.LastSeen)
+			return !hit
+		})
 	}
-	if err := it.Err(); err != nil {
-		return false, fmt.Errorf("datapath: read the SNAT overflow forward table: %w", err)
-	}
-	it = d.coll.Maps[bpf.LbMapSnatRevOvf].Iterate()
-	for !hit && it.Next(&rk, &rv) {
-		hit = unmarked(rv.LastSeen)
-	}
-	if err := it.Err(); err != nil {
-		return false, fmt.Errorf("datapath: read the SNAT overflow reverse table: %w", err)
+	if err != nil {
+		return false, fmt.Errorf("datapath: check the SNAT overflow mark: %w", err)
 	}
 	return hit, nil
 }
