@@ -112,17 +112,9 @@ func benchAB(t *testnet.Script, objs [][]byte, names []string, v6 bool, rounds, 
 		fmt.Printf("  %-44s %7d %7.2fx", g.name, a.med.Nanoseconds(), perFloor(a.med, empty, floorNet))
 		for i := 1; i < len(g.at); i++ {
 			x := res[g.at[i]]
-			var ratios []float64
-			for k := range meds[0] {
-				an, xn := meds[g.at[0]][k]-meds[0][k], meds[g.at[i]][k]-meds[0][k]
-				if an > 0 {
-					ratios = append(ratios, float64(xn)/float64(an))
-				}
-			}
 			ratio := "-"
-			if len(ratios) > 0 {
-				slices.Sort(ratios)
-				ratio = fmt.Sprintf("%.2f", ratios[len(ratios)/2])
+			if r, ok := roundRatio(meds[g.at[0]], meds[g.at[i]], meds[0]); ok {
+				ratio = fmt.Sprintf("%.2f", r)
 			}
 			fmt.Printf(" %7d %7.2fx %6s", x.med.Nanoseconds(), perFloor(x.med, empty, floorNet), ratio)
 		}
@@ -153,6 +145,24 @@ func timeRounds(t *testnet.Script, paths []path, on []*rig, groups [][][]int, ro
 		}
 	}
 	return costs
+}
+
+// roundRatio is the median over rounds of x's net cost over base's in the
+// same round (net: minus empty's cost in that round); ok is false when
+// base's net was never positive.
+func roundRatio(base, x, empty []time.Duration) (r float64, ok bool) {
+	var ratios []float64
+	for k := range empty {
+		bn, xn := base[k]-empty[k], x[k]-empty[k]
+		if bn > 0 {
+			ratios = append(ratios, float64(xn)/float64(bn))
+		}
+	}
+	if len(ratios) == 0 {
+		return 0, false
+	}
+	slices.Sort(ratios)
+	return ratios[len(ratios)/2], true
 }
 
 // perFloor is d's net cost (d - empty) as a multiple of the floor's.

@@ -673,15 +673,11 @@ func benchScale(t *testnet.Script, obj []byte, fl *floorSet, svcs []lb.Service, 
 		}
 		var out []string
 		for c := 1; c < len(counts); c++ {
-			var ratios []float64
-			for round := range rounds {
-				base, x := per[0][round]-perRound[0][round], per[c][round]-perRound[0][round]
-				if base > 0 {
-					ratios = append(ratios, float64(x)/float64(base))
-				}
+			ratio := "-"
+			if r, ok := roundRatio(per[0], per[c], perRound[0]); ok {
+				ratio = fmt.Sprintf("%.2fx", r)
 			}
-			slices.Sort(ratios)
-			out = append(out, fmt.Sprintf("%.2fx", ratios[len(ratios)/2]))
+			out = append(out, ratio)
 		}
 		fmt.Printf("  %s\n", strings.Join(out, " / "))
 	}

@@ -3,9 +3,9 @@
 // Command bench is the datapath part of `make bench`: it times the LB
 // program per packet path with BPF_PROG_TEST_RUN next to two floors (an
 // XDP_PASS program and a parse + one-lookup program, the latter loaded
-// floorCopies times) at 1 and 100,000 services, and a backend change on
-// the real maps. New-flow paths send a flow never sent before on every run
-// (fresh). Each path runs on a fresh
+// floorCopies times), the main paths at 1, 10,000 and 100,000 services
+// (benchScale), and a backend change on the real maps. New-flow paths send
+// a flow never sent before on every run (fresh). Each path runs on a fresh
 // packet per test run (the kernel's repeat would re-run the program on its
 // own rewritten output), kernel-timed; the figure is the median over rounds
 // of each round's interquartile mean (roundCost). It also times the
