@@ -4,6 +4,7 @@ package main
 
 import (
 	"fmt"
+	"regexp"
 	"slices"
 	"strings"
 	"time"
@@ -18,8 +19,13 @@ import (
 // other within each round. Two runs of `make bench` differ from process to
 // process by more than most changes to the C are worth (docs/datapath.md);
 // within one process, one round's builds share whatever the machine was
-// doing, so their ratio in the same round is what is compared.
-func benchAB(t *testnet.Script, objs [][]byte, names []string, v6 bool, rounds, runs int) {
+// doing, so their ratio in the same round is what is compared. Each build
+// runs on copies datapaths, and its figure in a round is the median of
+// theirs: where the kernel put one datapath's maps moves every path of it
+// by 5-10% against a second load of the very same object (the control),
+// which no number of rounds averages away. only, when not nil, picks the
+// paths timed by name (to profile one, say).
+func benchAB(t *testnet.Script, objs [][]byte, names []string, v6 bool, rounds, runs, copies int, only *regexp.Regexp) {
 	fl := loadFloors(t)
 	var tgs []target
 	for _, tg := range targets() {
@@ -31,29 +37,41 @@ func benchAB(t *testnet.Script, objs [][]byte, names []string, v6 bool, rounds, 
 	for _, tg := range tgs {
 		svcs = append(svcs, tg.service())
 	}
-	rigs := make([]*rig, len(objs))
-	for i := range rigs {
-		rigs[i] = newRig(t, objs[i], 0)
-		if err := rigs[i].rec.Reconcile(svcs); err != nil {
-			t.Fatalf("%s: reconcile: %v", names[i], err)
+	// rigs[i] are build i's datapaths; the copies of the builds are
+	// loaded in turn, so that no build gets the first (or last) of the
+	// kernel's allocations.
+	rigs := make([][]*rig, len(objs))
+	for range copies {
+		for i := range rigs {
+			r := newRig(t, objs[i], 0)
+			if err := r.rec.Reconcile(svcs); err != nil {
+				t.Fatalf("%s: reconcile: %v", names[i], err)
+			}
+			rigs[i] = append(rigs[i], r)
 		}
 	}
 	fl.program(t, targets()[0])
-	floorFrame := rigs[0].packet(t, targets()[0], 2000, false, true)
+	floorFrame := rigs[0][0].packet(t, targets()[0], 2000, false, true)
 	paths := fl.paths(hookXDP, floorFrame)
-	on := []*rig{rigs[0], rigs[0]}
-	// A group is one path of every build: at[i] indexes build i's.
+	on := []*rig{rigs[0][0], rigs[0][0]}
+	// A group is one path of every build: at[i] indexes build i's
+	// copies of it.
 	type group struct {
 		name string
-		at   []int
+		at   [][]int
 	}
 	var groups []group
 	add := func(name string, mk func(r *rig) func(int) []byte) {
-		g := group{name: name}
-		for _, r := range rigs {
-			g.at = append(g.at, len(paths))
-			paths = append(paths, path{name, hookXDP, r.lb.Program(), mk(r), "", nil})
-			on = append(on, r)
+		if only != nil && !only.MatchString(name) {
+			return
+		}
+		g := group{name: name, at: make([][]int, len(rigs))}
+		for i, rs := range rigs {
+			for _, r := range rs {
+				g.at[i] = append(g.at[i], len(paths))
+				paths = append(paths, path{name, hookXDP, r.lb.Program(), mk(r), "", nil})
+				on = append(on, r)
+			}
 		}
 		groups = append(groups, g)
 	}
@@ -85,20 +103,28 @@ func benchAB(t *testnet.Script, objs [][]byte, names []string, v6 bool, rounds, 
 	// helpers) warm.
 	var order [][][]int
 	for _, g := range groups {
-		var slots [][]int
-		for _, i := range g.at {
-			slots = append(slots, []int{i})
-		}
-		order = append(order, slots)
+		order = append(order, g.at)
 	}
-	meds := timeRounds(t, paths, on, order, rounds, runs)
-	res := summarize(meds)
-	empty, floorNet := res[0].med, res[1].med-res[0].med
-	fmt.Printf("\nA/B, XDP %s, %d rounds x %d packets, the builds interleaved (the first one moving round by round):\n", family(v6), rounds, runs)
+	perRound := timeRounds(t, paths, on, order, rounds, runs)
+	// build[i] is a build's cost in each round: the median of its copies'.
+	build := func(at []int) []time.Duration {
+		var out []time.Duration
+		for round := range rounds {
+			var cs []time.Duration
+			for _, i := range at {
+				cs = append(cs, perRound[i][round])
+			}
+			out = append(out, median(cs))
+		}
+		return out
+	}
+	floors := summarize(perRound[:2])
+	empty, floorNet := floors[0].med, floors[1].med-floors[0].med
+	fmt.Printf("\nA/B, XDP %s, %d rounds x %d packets, each build on %d datapath(s), the builds interleaved (the first one moving round by round):\n", family(v6), rounds, runs, copies)
 	for i, n := range names {
 		fmt.Printf("  %c = %s\n", 'A'+i, n)
 	}
-	fmt.Printf("floors: empty program %d ns, parse + one lookup %d ns (net %d)\n", empty.Nanoseconds(), res[1].med.Nanoseconds(), floorNet.Nanoseconds())
+	fmt.Printf("floors: empty program %d ns, parse + one lookup %d ns (net %d)\n", empty.Nanoseconds(), floors[1].med.Nanoseconds(), floorNet.Nanoseconds())
 	fmt.Printf("ns and net/floor as make bench prints them; X/A = median over rounds of X's net / A's net in the same round\n")
 	var hdr strings.Builder
 	fmt.Fprintf(&hdr, "  %-44s %7s %8s", "path", "A ns", "A /floor")
@@ -108,15 +134,17 @@ func benchAB(t *testnet.Script, objs [][]byte, names []string, v6 bool, rounds, 
 	}
 	fmt.Println(hdr.String())
 	for _, g := range groups {
-		a := res[g.at[0]]
-		fmt.Printf("  %-44s %7d %7.2fx", g.name, a.med.Nanoseconds(), perFloor(a.med, empty, floorNet))
+		base := build(g.at[0])
+		a := median(base)
+		fmt.Printf("  %-44s %7d %7.2fx", g.name, a.Nanoseconds(), perFloor(a, empty, floorNet))
 		for i := 1; i < len(g.at); i++ {
-			x := res[g.at[i]]
+			x := build(g.at[i])
 			ratio := "-"
-			if r, ok := roundRatio(meds[g.at[0]], meds[g.at[i]], meds[0]); ok {
+			if r, ok := roundRatio(base, x, perRound[0]); ok {
 				ratio = fmt.Sprintf("%.2f", r)
 			}
-			fmt.Printf(" %7d %7.2fx %6s", x.med.Nanoseconds(), perFloor(x.med, empty, floorNet), ratio)
+			xm := median(x)
+			fmt.Printf(" %7d %7.2fx %6s", xm.Nanoseconds(), perFloor(xm, empty, floorNet), ratio)
 		}
 		fmt.Println()
 	}

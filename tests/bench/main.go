@@ -19,6 +19,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"regexp"
 	"strings"
 
 	"github.com/l4lb/l4lb/internal/testnet"
@@ -31,6 +32,8 @@ func main() {
 	b := flag.String("b", "", "A/B mode: the LB objects to compare with A, comma-separated, path by path in one process")
 	v6 := flag.Bool("6", false, "A/B mode: IPv6 paths instead of IPv4")
 	labels := flag.String("names", "", "A/B mode: comma-separated names of the objects, for the report")
+	pathsRe := flag.String("paths", "", "A/B mode: time only the paths whose name matches this regular expression")
+	copies := flag.Int("copies", 3, "A/B mode: datapaths per build; a build's figure in a round is the median of its copies' (each costs about 1 GB)")
 	flag.Parse()
 	if os.Geteuid() != 0 {
 		fmt.Fprintln(os.Stderr, "bench: needs root (BPF, network namespaces)")
@@ -57,7 +60,18 @@ func main() {
 				names[i] = n
 			}
 		}
-		run = func() { benchAB(t, objs, names, *v6, *rounds, *runs) }
+		if *copies < 1 {
+			fmt.Fprintln(os.Stderr, "bench: -copies must be at least 1")
+			os.Exit(2)
+		}
+		var only *regexp.Regexp
+		if *pathsRe != "" {
+			if only, err = regexp.Compile(*pathsRe); err != nil {
+				fmt.Fprintln(os.Stderr, "bench: -paths:", err)
+				os.Exit(2)
+			}
+		}
+		run = func() { benchAB(t, objs, names, *v6, *rounds, *runs, *copies, only) }
 	}
 	if err := t.Run(run); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
