@@ -536,7 +536,7 @@ forward:
 		}
 		break;
 	case L4LB_MODE_SNAT:
-		verdict = snat_forward(h, p, &sel, svc_id, segment_len(h, p, 0), &reason);
+		verdict = snat_forward(h, p, &sel, svc_id, segment_len(h, p, 0), now, &reason);
 		break;
 	default:
 		/* The control plane never programs a mode this object lacks. */

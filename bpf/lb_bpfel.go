@@ -73,7 +73,9 @@ type LbFlowCacheEntry struct {
 	Smac      [6]uint8
 	Dmac      [6]uint8
 	RouteOk   uint8
-	Pad       [7]uint8
+	SnatOk    uint8
+	SnatPort  uint16
+	Pad       [4]uint8
 	_         [4]byte
 }
 

@@ -3,7 +3,8 @@
  * The flow cache: a per-CPU, direct-mapped copy of what the established
  * fast path needs to forward the flows a CPU forwards: the conntrack
  * entry's backend, service word and hash, the backend's entry and its
- * route from the next-hop cache.
+ * route from the next-hop cache, and a SNAT flow's binding port (which
+ * only says where to look: snat_cached in snat.h).
  *
  * Why: a hash-map lookup is a call into the kernel (the hash, the bucket
  * walk, a memcmp of the 40-byte key), and each map an established packet
@@ -101,6 +102,7 @@ static __always_inline void flow_cache_fill(struct flow_cache_entry *fc, const s
 	fc->hash = ct->hash;
 	fc->gen = gen;
 	fc->route_ok = 0;
+	fc->snat_ok = 0;
 }
 
 #endif

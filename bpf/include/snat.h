@@ -153,8 +153,9 @@ static __always_inline int snat_same_flow(const struct snat_rev_value *a, const 
 
 _Static_assert((SNAT_ADDRS_MAX & (SNAT_ADDRS_MAX - 1)) == 0, "snat_pick_addr masks with SNAT_ADDRS_MAX - 1");
 
-/* The family's SNAT address for a flow hash; -1 when it has none. */
-static __always_inline int snat_pick_addr(__u8 family, __u32 hash, __u8 out[16])
+/* The index of the family's SNAT address for a flow hash, below
+ * SNAT_ADDRS_MAX; -1 when the family has none. */
+static __always_inline int snat_addr_index(__u8 family, __u32 hash)
 {
 	__u32 n = family == 4 ? cfg_snat_addr4_count : cfg_snat_addr6_count;
 	__u32 i;
@@ -166,7 +167,16 @@ static __always_inline int snat_pick_addr(__u8 family, __u32 hash, __u8 out[16])
 	 * must be told, and a mask (SNAT_ADDRS_MAX is a power of two) on the
 	 * register clang uses is what it sees. */
 	barrier_var(i);
-	i &= SNAT_ADDRS_MAX - 1;
+	return i & (SNAT_ADDRS_MAX - 1);
+}
+
+/* The family's SNAT address for a flow hash; -1 when it has none. */
+static __always_inline int snat_pick_addr(__u8 family, __u32 hash, __u8 out[16])
+{
+	int i = snat_addr_index(family, hash);
+
+	if (i < 0)
+		return -1;
 	if (family == 4) {
 		addr_from_v4(out, cfg_snat_addr4[i]);
 	} else {
@@ -179,6 +189,21 @@ static __always_inline int snat_pick_addr(__u8 family, __u32 hash, __u8 out[16])
 		o[3] = w[3];
 	}
 	return 0;
+}
+
+/* Is addr the family's SNAT address for a flow hash (snat_pick_addr)? */
+static __always_inline int snat_picked(__u8 family, __u32 hash, const __u8 addr[16])
+{
+	const __u32 *a = (const __u32 *)addr;
+	const volatile __u32 *w;
+	int i = snat_addr_index(family, hash);
+
+	if (i < 0)
+		return 0;
+	if (family == 4)
+		return a[0] == 0 && a[1] == 0 && a[2] == bpf_htonl(0x0000ffff) && a[3] == cfg_snat_addr4[i];
+	w = (const volatile __u32 *)cfg_snat_addr6 + i * 4;
+	return a[0] == w[0] && a[1] == w[1] && a[2] == w[2] && a[3] == w[3];
 }
 
 /*
@@ -602,10 +627,12 @@ static __always_inline int snat_bind(const struct packet *p, const struct select
 	s->rk.proto = proto;
 	*out = s;
 
+	s->table = 0;
 	r = snat_find(p, sel, svc_id, s, 0);
 	if (r != SNAT_MISS)
 		return r;
 	if (snat_ovf_maybe(s->now)) {
+		s->table = 1;
 		r = snat_find(p, sel, svc_id, s, 1);
 		if (r == -1) {
 			snat_ovf_mark(s->now);
@@ -667,6 +694,51 @@ drop:
 }
 
 /*
+ * The binding of an established flow whose flow-cache slot knows its port
+ * (fc->snat_ok): both halves are looked up one right after the other, the
+ * reverse one by the key the slot and the flow hash give, not by what the
+ * forward one says. The two lookups do not wait on each other, so the CPU
+ * overlaps their cache and TLB misses, which are most of what a lookup
+ * costs. Returns 1 with both halves checked and refreshed exactly as
+ * snat_find does it and the key in *rk; 0, having changed neither table,
+ * when anything is off (a half lost, another port, a state change), for
+ * snat_bind to look again and sort out.
+ */
+static __always_inline int snat_cached(const struct packet *p, const struct selection *sel, __u64 now,
+				       struct snat_rev_key *rk)
+{
+	const struct backend *be = sel->be;
+	struct snat_fwd_value *fwd;
+	struct snat_rev_value *rv;
+	__u8 proto = p->key.proto;
+	__u32 st;
+
+	if (snat_pick_addr(p->family, sel->hash, rk->snat_addr))
+		return 0;
+	copy16(rk->backend_addr, be->addr);
+	rk->backend_port = be->port;
+	rk->snat_port = sel->fc->snat_port;
+	rk->proto = proto;
+	rk->pad[0] = rk->pad[1] = rk->pad[2] = 0;
+	fwd = bpf_map_lookup_elem(&snat_fwd, &p->key);
+	rv = bpf_map_lookup_elem(&snat_rev, rk);
+	if (!fwd || !rv)
+		return 0;
+	if (fwd->backend_id != sel->backend_id || !snat_addr_eq(fwd->backend_addr, be->addr) ||
+	    fwd->backend_port != be->port || fwd->snat_port != rk->snat_port ||
+	    !snat_addr_eq(fwd->snat_addr, rk->snat_addr))
+		return 0;
+	if (!snat_owns(rv, p) || snat_expired(now, rv->last_seen, proto, rv->state))
+		return 0;
+	st = snat_next_state(proto, p->tcp_flags, rv->state, 1);
+	if (st != rv->state || st != fwd->state)
+		return 0;
+	snat_touch(&rv->last_seen, now, proto, st);
+	snat_touch(&fwd->last_seen, now, proto, st);
+	return 1;
+}
+
+/*
  * SNAT a client packet to the backend in sel. seg_len is what one segment's
  * L3 length is (see route_lookup). Returns the verdict; *reason is set when
  * the packet was not forwarded, or forwarded with the stack's help.
@@ -675,15 +747,30 @@ drop:
  * half the LRU forgot, on the very next packet, and repairs it.
  */
 static __always_inline int snat_forward(const struct hook *h, const struct packet *p, const struct selection *sel,
-					__u32 svc_id, __u32 seg_len, int *reason)
+					__u32 svc_id, __u32 seg_len, __u64 now, int *reason)
 {
+	struct flow_cache_entry *fc = sel->fc;
 	struct snat_work *s;
+	__u32 zero = 0;
 	int r;
 
+	if (fc && fc->snat_ok) {
+		/* The key in the scratch space: on the stack it would deepen
+		 * this frame, and with it every path's. */
+		s = bpf_map_lookup_elem(&snat_scratch, &zero);
+		if (s && snat_cached(p, sel, now, &s->rk))
+			return snat_send(h, p, sel, s->rk.snat_addr, s->rk.snat_port, seg_len, reason);
+	}
 	r = snat_bind(p, sel, svc_id, &s);
 	if (r >= 0) {
 		*reason = r;
 		return hook_drop(h);
+	}
+	/* The slot may skip snat_bind next time when the binding's address
+	 * is the one the flow hash picks, as snat_cached rebuilds it. */
+	if (fc && !s->table && snat_picked(p->family, sel->hash, s->rk.snat_addr)) {
+		fc->snat_port = s->rk.snat_port;
+		fc->snat_ok = 1;
 	}
 	return snat_send(h, p, sel, s->rk.snat_addr, s->rk.snat_port, seg_len, reason);
 }

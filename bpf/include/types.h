@@ -155,7 +155,9 @@ struct flow_cache_entry {
 	__u8 smac[6];          /* and MACs */
 	__u8 dmac[6];
 	__u8 route_ok;         /* the route fields hold the backend's route from the next-hop cache */
-	__u8 pad[7];
+	__u8 snat_ok;          /* snat_port is the port of the flow's SNAT binding, at its hashed address */
+	__be16 snat_port;      /* network order */
+	__u8 pad[4];
 };
 
 /* Slots of each CPU's flow cache: a power of two. */
@@ -423,7 +425,7 @@ struct snat_work {
 	__u32 start;              /* probe: first candidate, an offset into the range */
 	__u8 flags;               /* the client packet's TCP flags */
 	__u8 claimed;             /* probe: a port was claimed */
-	__u8 table;               /* probe: the binding's table set, 0 main, 1 overflow */
+	__u8 table;               /* the binding's table set, 0 main, 1 overflow (snat_bind) */
 	__u8 pad;
 };
 

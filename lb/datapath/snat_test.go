@@ -893,6 +893,96 @@ func TestSNATRepair(t *testing.T) {
 	}
 }
 
+// TestSNATCachedBinding checks the established SNAT flow's short cut
+// (snat_cached in bpf/include/snat.h): once the flow's flow-cache slot
+// holds the port of its binding, each packet still follows the binding's
+// tables, not the slot. A lost forward half, a lost reverse half, and a
+// binding moved to another port behind the slot's back (its old reverse
+// entry still there, still the flow's) are each found by the very next
+// packet.
+func TestSNATCachedBinding(t *testing.T) {
+	for _, c := range snatCases() {
+		t.Run(c.String(), func(t *testing.T) {
+			// The flow cache is per CPU: every packet on the same one.
+			onOneCPU(t)
+			e := newSNATEnv(t, envOptions{})
+			b := c.fam.backends
+			svc := snatService("svc", c.fam.vip, 80, c.proto, b[0], b[1])
+			e.reconcile(t, svc)
+			fwdMap, revMap := e.lb.Maps()[bpf.LbMapSnatFwd], e.lb.Maps()[bpf.LbMapSnatRev]
+			f := flowTo(svc.Frontend, c.fam.client, 1000)
+			be := netip.AddrPortFrom(mustPick(t, svc, f), snatBackendPort)
+			key := maglev.FlowKey(f)
+			slotKey := bpf.LbFlowKey{Src: f.Src.As16(), Dst: f.Dst.As16(), Sport: htons(f.SrcPort), Dport: htons(f.DstPort), Proto: f.Proto}
+			pkt := clientPacket(f, false, true)
+			send := func(step string, want netip.AddrPort) {
+				t.Helper()
+				if got := e.sendSNAT(t, c.hook, svc, f, pkt); got != want {
+					t.Fatalf("%s: the flow left from %s, want %s", step, got, want)
+				}
+			}
+			cached := func(step string, port uint16) {
+				t.Helper()
+				n := 0
+				e.eachCacheSlot(t, func(s *bpf.LbFlowCacheEntry) bool {
+					if s.BackendId != 0 && s.Key == slotKey && s.SnatOk == 1 && s.SnatPort == htons(port) {
+						n++
+					}
+					return false
+				})
+				if n != 1 {
+					t.Fatalf("%s: %d flow-cache slots hold port %d of the flow's binding, want 1", step, n, port)
+				}
+			}
+
+			// The first packet makes the binding, the second fills the
+			// slot, the third takes the short cut.
+			snat := e.sendSNAT(t, c.hook, svc, f, pkt)
+			send("second packet", snat)
+			send("third packet", snat)
+			cached("after three packets", snat.Port())
+
+			if err := fwdMap.Delete(key[:]); err != nil {
+				t.Fatal(err)
+			}
+			send("forward half lost", snat)
+			if _, ok := e.binding(t, f); !ok {
+				t.Fatalf("forward half lost: not rebuilt")
+			}
+			cached("forward half rebuilt", snat.Port())
+
+			if err := revMap.Delete(revKey(be, snat, c.proto)); err != nil {
+				t.Fatal(err)
+			}
+			send("reverse half lost", snat)
+			e.replySNAT(t, c.hook, f, be, snat, false, false)
+
+			// Moved: the forward half names another port, whose reverse
+			// entry is the flow's; the slot and the old reverse entry
+			// still say the old port.
+			bnd, ok := e.binding(t, f)
+			if !ok {
+				t.Fatalf("no binding to move")
+			}
+			moved := netip.AddrPortFrom(snat.Addr(), snat.Port()+1)
+			if snat.Port() == datapath.DefaultSNATPortMax {
+				moved = netip.AddrPortFrom(snat.Addr(), snat.Port()-1)
+			}
+			if err := revMap.Put(revKey(be, moved, c.proto), bnd.rev); err != nil {
+				t.Fatal(err)
+			}
+			bnd.fwd.SnatPort = htons(moved.Port())
+			if err := fwdMap.Put(key[:], bnd.fwd); err != nil {
+				t.Fatal(err)
+			}
+			send("binding moved", moved)
+			e.replySNAT(t, c.hook, f, be, moved, false, false)
+			cached("binding moved", moved.Port())
+			send("binding moved, next packet", moved)
+		})
+	}
+}
+
 // BenchmarkSNAT reports the kernel-timed median per packet of the SNAT
 // paths at both hooks, next to DSR over IPIP on the same box and run:
 // `go test ./lb/datapath -run '^$' -bench SNAT`. Each run gets a fresh
