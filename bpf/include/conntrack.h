@@ -124,20 +124,39 @@ static __always_inline int ct_insert_allowed(__u64 now)
 }
 
 /*
+ * Read the handshakes bucket of a flow hash, and nothing more: a SYN does
+ * this right after its connection-table lookup, so that the bucket's miss
+ * (a random line of a 1 MB array, its page not in the TLB) overlaps the
+ * table's instead of following it; select_backend then finds it in cache.
+ */
+static __always_inline void handshake_prefetch(__u64 hash)
+{
+	__u32 b = (__u32)hash & cfg_handshake_mask;
+	struct handshake_bucket *hb = bpf_map_lookup_elem(&handshakes, &b);
+
+	if (hb) {
+		__u64 w = *(volatile __u64 *)&hb->way[0].hash;
+
+		barrier_var(w);
+	}
+}
+
+/*
  * Fills sel and returns -1, or returns L4LB_R_DROP_NO_BACKEND. ct is the
  * flow's connection-table entry, or NULL when it has none (the caller
  * looked it up). On a miss, a service with affinity tries the client's
  * remembered backend before Maglev (affinity.h). update 0 looks without
  * leaving a trace, for an ICMP error about the flow: no entry is created or
  * refreshed, here or for affinity. now is coarse_now(), which the caller
- * has already read.
+ * has already read; hash is the flow hash when has_hash says the caller
+ * has computed it.
  */
 static __always_inline int select_backend(struct packet *p, const struct svc_value *svc,
-					  struct selection *sel, int update, struct ct_value *ct, __u64 now)
+					  struct selection *sel, int update, struct ct_value *ct, __u64 now,
+					  __u64 hash, int has_hash)
 {
 	__u32 word = svc->svc_word;
 	struct handshake_bucket *hb = NULL;
-	__u64 hash;
 	__u32 id;
 
 	sel->new_flow = 0;
@@ -159,7 +178,8 @@ static __always_inline int select_backend(struct packet *p, const struct svc_val
 		}
 	}
 
-	hash = flow_hash(&p->key);
+	if (!has_hash)
+		hash = flow_hash(&p->key);
 	id = 0;
 	/* A SNAT flow's binding is state too: a flow the connection table
 	 * does not hold (it began over datapath.flow_insert_rate, or its entry
