@@ -409,7 +409,7 @@ static __always_inline int lb_process(const struct hook *h, struct icmp_todo *to
 	struct ct_value *ct;
 	struct too_big tb = {};
 	void *data, *data_end;
-	int reason = -1, verdict, r, looked, has_hash;
+	int reason = -1, verdict, r, syn, has_hash;
 	__u32 svc_id, mode, dispatch, word, gen;
 	__u64 now, hash = 0;
 
@@ -480,11 +480,10 @@ static __always_inline int lb_process(const struct hook *h, struct icmp_todo *to
 	 * established and never needs it.
 	 */
 	svc = NULL;
-	looked = 0;
 	has_hash = 0;
-	if (p->key.proto == IPPROTO_TCP && (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN) {
+	syn = p->key.proto == IPPROTO_TCP && (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN;
+	if (syn) {
 		svc = svc_lookup(p, now, gen);
-		looked = 1;
 		if (svc) {
 			hash = flow_hash(&p->key);
 			/* Computed here, not sunk past the lookup below. */
@@ -515,7 +514,7 @@ static __always_inline int lb_process(const struct hook *h, struct icmp_todo *to
 		}
 	}
 
-	if (!looked)
+	if (!syn)
 		svc = svc_lookup(p, now, gen);
 	if (!svc)
 		return not_frontend(h, p);

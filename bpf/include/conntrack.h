@@ -123,6 +123,14 @@ static __always_inline int ct_insert_allowed(__u64 now)
 	return gcra_allow(&insert_buckets, now, cfg_insert_interval_ns, cfg_insert_burst_ns);
 }
 
+/* The handshakes bucket of a flow hash. */
+static __always_inline struct handshake_bucket *handshake_bucket_of(__u64 hash)
+{
+	__u32 b = (__u32)hash & cfg_handshake_mask;
+
+	return bpf_map_lookup_elem(&handshakes, &b);
+}
+
 /*
  * Read the handshakes bucket of a flow hash, and nothing more: a SYN does
  * this right after its connection-table lookup, so that the bucket's miss
@@ -131,8 +139,7 @@ static __always_inline int ct_insert_allowed(__u64 now)
  */
 static __always_inline void handshake_prefetch(__u64 hash)
 {
-	__u32 b = (__u32)hash & cfg_handshake_mask;
-	struct handshake_bucket *hb = bpf_map_lookup_elem(&handshakes, &b);
+	struct handshake_bucket *hb = handshake_bucket_of(hash);
 
 	if (hb) {
 		__u64 w = *(volatile __u64 *)&hb->way[0].hash;
@@ -204,10 +211,9 @@ static __always_inline int select_backend(struct packet *p, const struct svc_val
 	/* A DSR handshake in flight: the SYN's choice, for its retransmits
 	 * and for the first packet without SYN (which records it below). */
 	if (!ct && p->key.proto == IPPROTO_TCP && svc->mode != L4LB_MODE_SNAT) {
-		__u32 b = (__u32)hash & cfg_handshake_mask;
 		const struct handshake *hs;
 
-		hb = bpf_map_lookup_elem(&handshakes, &b);
+		hb = handshake_bucket_of(hash);
 		if (hb) {
 			hs = hb->way[0].hash == hash ? &hb->way[0] : hb->way[1].hash == hash ? &hb->way[1] : NULL;
 			if (hs && hs->svc_id == svc->id) {
