@@ -106,18 +106,6 @@ func benchAB(t *testnet.Script, objs [][]byte, names []string, v6 bool, rounds, 
 		order = append(order, g.at)
 	}
 	perRound := timeRounds(t, paths, on, order, rounds, runs)
-	// build[i] is a build's cost in each round: the median of its copies'.
-	build := func(at []int) []time.Duration {
-		var out []time.Duration
-		for round := range rounds {
-			var cs []time.Duration
-			for _, i := range at {
-				cs = append(cs, perRound[i][round])
-			}
-			out = append(out, median(cs))
-		}
-		return out
-	}
 	floors := summarize(perRound[:2])
 	empty, floorNet := floors[0].med, floors[1].med-floors[0].med
 	fmt.Printf("\nA/B, XDP %s, %d rounds x %d packets, each build on %d datapath(s), the builds interleaved (the first one moving round by round):\n", family(v6), rounds, runs, copies)
@@ -134,11 +122,11 @@ func benchAB(t *testnet.Script, objs [][]byte, names []string, v6 bool, rounds, 
 	}
 	fmt.Println(hdr.String())
 	for _, g := range groups {
-		base := build(g.at[0])
+		base := slotRounds(perRound, g.at[0])
 		a := median(base)
 		fmt.Printf("  %-44s %7d %7.2fx", g.name, a.Nanoseconds(), perFloor(a, empty, floorNet))
 		for i := 1; i < len(g.at); i++ {
-			x := build(g.at[i])
+			x := slotRounds(perRound, g.at[i])
 			ratio := "-"
 			if r, ok := roundRatio(base, x, perRound[0]); ok {
 				ratio = fmt.Sprintf("%.2f", r)
@@ -173,6 +161,20 @@ func timeRounds(t *testnet.Script, paths []path, on []*rig, groups [][][]int, ro
 		}
 	}
 	return costs
+}
+
+// slotRounds is a slot's cost in each round (perRound as timeRounds
+// returns it): the median of its paths' costs in that round.
+func slotRounds(perRound [][]time.Duration, slot []int) []time.Duration {
+	var out []time.Duration
+	for round := range perRound[slot[0]] {
+		var cs []time.Duration
+		for _, i := range slot {
+			cs = append(cs, perRound[i][round])
+		}
+		out = append(out, median(cs))
+	}
+	return out
 }
 
 // roundRatio is the median over rounds of x's net cost over base's in the

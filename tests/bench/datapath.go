@@ -651,13 +651,6 @@ func benchScale(t *testnet.Script, obj []byte, fl *floorSet, svcs []lb.Service, 
 	// rounds that first round would set the median.
 	timeRounds(t, paths, on, order, 1, runs)
 	perRound := timeRounds(t, paths, on, order, rounds, runs)
-	countCost := func(at []int, round int) time.Duration {
-		var cs []time.Duration
-		for _, i := range at {
-			cs = append(cs, perRound[i][round])
-		}
-		return median(cs)
-	}
 	floors := summarize(perRound[:2])
 	empty, floorNet := floors[0].med, floors[1].med-floors[0].med
 	fmt.Printf("\nscale, XDP IPv4, each count on %d datapaths of its own, all in the same rounds: ns (net/floor); floors: empty program %d ns, parse + one lookup %d ns\n",
@@ -672,9 +665,7 @@ func benchScale(t *testnet.Script, obj []byte, fl *floorSet, svcs []lb.Service, 
 		fmt.Printf("  %-42s", g.name)
 		per := make([][]time.Duration, len(counts))
 		for c := range counts {
-			for round := range rounds {
-				per[c] = append(per[c], countCost(g.at[c], round))
-			}
+			per[c] = slotRounds(perRound, g.at[c])
 			med := median(per[c])
 			fmt.Printf(" %8d (%6.2fx)   ", med.Nanoseconds(), perFloor(med, empty, floorNet))
 		}

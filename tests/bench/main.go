@@ -33,7 +33,7 @@ func main() {
 	v6 := flag.Bool("6", false, "A/B mode: IPv6 paths instead of IPv4")
 	labels := flag.String("names", "", "A/B mode: comma-separated names of the objects, for the report")
 	pathsRe := flag.String("paths", "", "A/B mode: time only the paths whose name matches this regular expression")
-	copies := flag.Int("copies", 3, "A/B mode: datapaths per build; a build's figure in a round is the median of its copies' (each costs about 1 GB)")
+	copies := flag.Int("copies", 3, "A/B mode: datapaths per build; a build's figure in a round is the median of its copies' (each takes about 0.7 GB)")
 	flag.Parse()
 	if os.Geteuid() != 0 {
 		fmt.Fprintln(os.Stderr, "bench: needs root (BPF, network namespaces)")
