@@ -19,6 +19,7 @@
 #include "include/common.h"
 #include "include/config.h"
 #include "include/conntrack.h"
+#include "include/ctfilter.h"
 #include "include/encap.h"
 #include "include/filter.h"
 #include "include/flowcache.h"
@@ -491,7 +492,11 @@ static __always_inline int lb_process(const struct hook *h, struct icmp_todo *to
 			has_hash = 1;
 		}
 	}
-	ct = bpf_map_lookup_elem(&conntrack, &p->key);
+	/* A SYN whose hash the filter has never seen has no entry to
+	 * follow: it skips the table's cold bucket (ctfilter.h). */
+	ct = NULL;
+	if (!has_hash || ct_filter_maybe(hash))
+		ct = bpf_map_lookup_elem(&conntrack, &p->key);
 	/* A SNAT SYN makes its binding instead (snat.h). */
 	if (has_hash && svc->mode != L4LB_MODE_SNAT)
 		handshake_prefetch(hash);
@@ -748,4 +753,24 @@ int l4lb_hc(struct __sk_buff *skb)
 	if (reason >= 0)
 		count_reason(reason, p.l3_len);
 	return verdict;
+}
+
+static long ct_filter_fill_one(void *map, const struct flow_key *key, struct ct_value *v, void *ctx)
+{
+	ct_filter_set(CT_FILTER_NEXT, flow_hash(key));
+	return 0;
+}
+
+/*
+ * Sets the bit of every connection-table entry in the filter being built
+ * (slot CT_FILTER_NEXT; ctfilter.h). Never attached: lb/datapath runs it
+ * once per rebuild with BPF_PROG_TEST_RUN, so that the bits are computed
+ * by the datapath's own flow hash and set with the same atomic operation
+ * as the datapath's, in the map the datapath writes concurrently.
+ */
+SEC("xdp")
+int l4lb_ct_filter_fill(struct xdp_md *ctx)
+{
+	bpf_for_each_map_elem(&conntrack, ct_filter_fill_one, NULL, 0);
+	return XDP_PASS;
 }

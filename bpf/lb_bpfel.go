@@ -323,6 +323,7 @@ const (
 	LbMapBackends             = "backends"
 	LbMapClockCache           = "clock_cache"
 	LbMapConntrack            = "conntrack"
+	LbMapCtFilter             = "ct_filter"
 	LbMapEvents               = "events"
 	LbMapFlowCache            = "flow_cache"
 	LbMapFlowCacheGen         = "flow_cache_gen"
@@ -346,9 +347,11 @@ const (
 	LbMapTxPorts              = "tx_ports"
 	LbMapValidateScratch      = "validate_scratch"
 	LbMapVipFilter            = "vip_filter"
+	LbProgL4lbCtFilterFill    = "l4lb_ct_filter_fill"
 	LbProgL4lbHc              = "l4lb_hc"
 	LbProgL4lbTc              = "l4lb_tc"
 	LbProgL4lbXdp             = "l4lb_xdp"
+	LbVarCfgCtFilterMask      = "cfg_ct_filter_mask"
 	LbVarCfgEncapSrc4         = "cfg_encap_src4"
 	LbVarCfgEncapSrc4HostMask = "cfg_encap_src4_host_mask"
 	LbVarCfgEncapSrc6         = "cfg_encap_src6"
@@ -417,9 +420,10 @@ type LbSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type LbProgramSpecs struct {
-	L4lbHc  *ebpf.ProgramSpec `ebpf:"l4lb_hc"`
-	L4lbTc  *ebpf.ProgramSpec `ebpf:"l4lb_tc"`
-	L4lbXdp *ebpf.ProgramSpec `ebpf:"l4lb_xdp"`
+	L4lbCtFilterFill *ebpf.ProgramSpec `ebpf:"l4lb_ct_filter_fill"`
+	L4lbHc           *ebpf.ProgramSpec `ebpf:"l4lb_hc"`
+	L4lbTc           *ebpf.ProgramSpec `ebpf:"l4lb_tc"`
+	L4lbXdp          *ebpf.ProgramSpec `ebpf:"l4lb_xdp"`
 }
 
 // LbMapSpecs contains maps before they are loaded into the kernel.
@@ -432,6 +436,7 @@ type LbMapSpecs struct {
 	Backends        *ebpf.MapSpec `ebpf:"backends"`
 	ClockCache      *ebpf.MapSpec `ebpf:"clock_cache"`
 	Conntrack       *ebpf.MapSpec `ebpf:"conntrack"`
+	CtFilter        *ebpf.MapSpec `ebpf:"ct_filter"`
 	Events          *ebpf.MapSpec `ebpf:"events"`
 	FlowCache       *ebpf.MapSpec `ebpf:"flow_cache"`
 	FlowCacheGen    *ebpf.MapSpec `ebpf:"flow_cache_gen"`
@@ -461,6 +466,7 @@ type LbMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type LbVariableSpecs struct {
+	CfgCtFilterMask      *ebpf.VariableSpec `ebpf:"cfg_ct_filter_mask"`
 	CfgEncapSrc4         *ebpf.VariableSpec `ebpf:"cfg_encap_src4"`
 	CfgEncapSrc4HostMask *ebpf.VariableSpec `ebpf:"cfg_encap_src4_host_mask"`
 	CfgEncapSrc6         *ebpf.VariableSpec `ebpf:"cfg_encap_src6"`
@@ -513,6 +519,7 @@ type LbMaps struct {
 	Backends        *ebpf.Map `ebpf:"backends"`
 	ClockCache      *ebpf.Map `ebpf:"clock_cache"`
 	Conntrack       *ebpf.Map `ebpf:"conntrack"`
+	CtFilter        *ebpf.Map `ebpf:"ct_filter"`
 	Events          *ebpf.Map `ebpf:"events"`
 	FlowCache       *ebpf.Map `ebpf:"flow_cache"`
 	FlowCacheGen    *ebpf.Map `ebpf:"flow_cache_gen"`
@@ -546,6 +553,7 @@ func (m *LbMaps) Close() error {
 		m.Backends,
 		m.ClockCache,
 		m.Conntrack,
+		m.CtFilter,
 		m.Events,
 		m.FlowCache,
 		m.FlowCacheGen,
@@ -576,6 +584,7 @@ func (m *LbMaps) Close() error {
 //
 // It can be passed to LoadLbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type LbVariables struct {
+	CfgCtFilterMask      *ebpf.Variable `ebpf:"cfg_ct_filter_mask"`
 	CfgEncapSrc4         *ebpf.Variable `ebpf:"cfg_encap_src4"`
 	CfgEncapSrc4HostMask *ebpf.Variable `ebpf:"cfg_encap_src4_host_mask"`
 	CfgEncapSrc6         *ebpf.Variable `ebpf:"cfg_encap_src6"`
@@ -606,13 +615,15 @@ type LbVariables struct {
 //
 // It can be passed to LoadLbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type LbPrograms struct {
-	L4lbHc  *ebpf.Program `ebpf:"l4lb_hc"`
-	L4lbTc  *ebpf.Program `ebpf:"l4lb_tc"`
-	L4lbXdp *ebpf.Program `ebpf:"l4lb_xdp"`
+	L4lbCtFilterFill *ebpf.Program `ebpf:"l4lb_ct_filter_fill"`
+	L4lbHc           *ebpf.Program `ebpf:"l4lb_hc"`
+	L4lbTc           *ebpf.Program `ebpf:"l4lb_tc"`
+	L4lbXdp          *ebpf.Program `ebpf:"l4lb_xdp"`
 }
 
 func (p *LbPrograms) Close() error {
 	return _LbClose(
+		p.L4lbCtFilterFill,
 		p.L4lbHc,
 		p.L4lbTc,
 		p.L4lbXdp,

@@ -88,4 +88,8 @@ volatile const __u32 cfg_vip_filter_mask = 0;
 /* Buckets of the handshakes map minus one (a power of two minus one). */
 volatile const __u32 cfg_handshake_mask = 0;
 
+/* Words of each connection-table filter minus one (a power of two minus
+ * one; ctfilter.h). */
+volatile const __u32 cfg_ct_filter_mask = 0;
+
 #endif

@@ -28,6 +28,7 @@
 
 #include "affinity.h"
 #include "clock.h"
+#include "ctfilter.h"
 #include "maglev.h"
 #include "parse.h"
 #include "ratelimit.h"
@@ -267,10 +268,15 @@ chosen:
 		 * while the table holds. A failure is what `l4lbctl conntrack
 		 * stats` reports; a limited insert is counted as event
 		 * ct_insert_limited. */
-		if (!ct_insert_allowed(now))
+		if (!ct_insert_allowed(now)) {
 			count_event(L4LB_E_CT_INSERT_LIMITED);
-		else if (bpf_map_update_elem(&conntrack, &p->key, &v, BPF_ANY))
-			count_reason(L4LB_R_EVENT_CT_INSERT_FAILED, p->l3_len);
+		} else {
+			/* Its bit first: a SYN must never find it clear
+			 * with the entry in the table (ctfilter.h). */
+			ct_filter_add(hash);
+			if (bpf_map_update_elem(&conntrack, &p->key, &v, BPF_ANY))
+				count_reason(L4LB_R_EVENT_CT_INSERT_FAILED, p->l3_len);
+		}
 		sel->new_flow = 1;
 	} else if (hb) {
 		/* A DSR SYN (a SNAT one makes its binding instead, snat.h).

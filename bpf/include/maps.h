@@ -116,6 +116,29 @@ struct {
 } conntrack SEC(".maps");
 
 /*
+ * The connection table's presence filter (ctfilter.h): one bit per flow
+ * hash, set before the datapath inserts an entry. Slot CT_FILTER_LIVE is
+ * the filter SYNs read; slot CT_FILTER_NEXT, present only while
+ * lb/datapath rebuilds the filter, is written as well. Inner maps are
+ * sized by lb/datapath (ctFilterWords); an empty slot CT_FILTER_LIVE means
+ * no filter, and every SYN looks its entry up.
+ */
+struct ct_filter_inner {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(max_entries, 64);
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
+	__type(key, __u32);
+	__uint(max_entries, 2);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__array(values, struct ct_filter_inner);
+} ct_filter SEC(".maps");
+
+/*
  * The flow cache (flowcache.h): per CPU, direct-mapped, holding what an
  * established flow is forwarded by (copies from conntrack, backends and
  * the next-hop cache). Not pinned: a new program starts with an empty cache.

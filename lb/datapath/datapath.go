@@ -159,6 +159,8 @@ type LB struct {
 	links map[string]link.Link
 	// nh is the next-hop cache (nexthop.go).
 	nh *nextHops
+	// ctf is the connection table's presence filter (ctfilter.go).
+	ctf *ctFilter
 	// legacy are maps an earlier l4lbd pinned under old names, until
 	// Retire (migrate.go).
 	legacy []legacyMap
@@ -268,6 +270,20 @@ func Load(cfg Config) (*LB, error) {
 		return nil, err
 	}
 	if err := d.adoptBackends(); err != nil {
+		d.nh.close()
+		coll.Close()
+		return nil, err
+	}
+	// A table this datapath created (nothing pinned) holds no entry
+	// without its bit: the filter can go in now. A pinned one may be
+	// written by an earlier l4lb's programs until Retire.
+	d.ctf = newCTFilter(cfg.Log, coll, spec)
+	install := d.ctf.clear
+	if cfg.PinPath == "" {
+		install = d.ctf.install
+	}
+	if err := install(); err != nil {
+		d.ctf.close()
 		d.nh.close()
 		coll.Close()
 		return nil, err
@@ -410,6 +426,7 @@ func configure(spec *ebpf.CollectionSpec, cfg Config) error {
 	maps.Copy(vars, insertVars(cfg.FlowInsertRate))
 	vars[bpf.LbVarCfgVipFilterMask] = filterWords(cfg.MaxServices) - 1
 	vars[bpf.LbVarCfgHandshakeMask] = handshakeBuckets(cfg.ConntrackMax) - 1
+	vars[bpf.LbVarCfgCtFilterMask] = ctFilterWords(cfg.ConntrackMax) - 1
 	for name, v := range vars {
 		vs, ok := spec.Variables[name]
 		if !ok {
@@ -436,6 +453,7 @@ func configure(spec *ebpf.CollectionSpec, cfg Config) error {
 	for name, n := range sizes {
 		spec.Maps[name].MaxEntries = n
 	}
+	spec.Maps[bpf.LbMapCtFilter].InnerMap.MaxEntries = ctFilterWords(cfg.ConntrackMax)
 	return nil
 }
 
@@ -499,6 +517,7 @@ func (d *LB) Close() error {
 		}
 	}
 	d.links = map[string]link.Link{}
+	d.ctf.close()
 	d.nh.close()
 	d.closeLegacy()
 	d.coll.Close()

@@ -15,3 +15,10 @@ func (d *LB) Maps() map[string]*ebpf.Map { return d.coll.Maps }
 
 // Maps returns the loaded companion maps by name.
 func (c *Companion) Maps() map[string]*ebpf.Map { return c.coll.Maps }
+
+// RebuildConntrackFilter rebuilds the connection table's presence filter
+// from the table now, as the maintenance loop does when it is too full.
+func (d *LB) RebuildConntrackFilter() error { return d.ctf.rebuild() }
+
+// ConntrackFilterFill is the fraction of the live filter's bits set.
+func (d *LB) ConntrackFilterFill() (float64, error) { return d.ctf.fillRatio() }

@@ -10,6 +10,8 @@ import (
 	"strings"
 
 	"github.com/cilium/ebpf"
+
+	"github.com/l4lb/l4lb/bpf"
 )
 
 // MapMemory is the kernel memory one map of the datapath takes.
@@ -71,6 +73,10 @@ func EstimateMemory(cfg Config, tables []uint32) ([]MapMemory, error) {
 		chunks := (uint64(size) + 1 + maglevChunk - 1) / maglevChunk
 		inner += mapHead + chunks*maglevChunk*4
 	}
+	// The connection table's filters (ctfilter.go), never pinned: the
+	// live one, and the one a rebuild fills beside it.
+	words := uint64(spec.Maps[bpf.LbMapCtFilter].InnerMap.MaxEntries)
+	out = append(out, MapMemory{Name: "conntrack filters", Bytes: 2 * (mapHead + words*8), Prealloc: true})
 	if len(tables) > 0 {
 		// Never Pinned: a restart rebuilds the tables of changed
 		// services aside, so counting them all errs on the safe side.

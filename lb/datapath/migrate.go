@@ -135,8 +135,9 @@ func copyCounters(src, dst *ebpf.Map) (int, error) {
 // Retire finishes moving maps to new layouts once every interface runs
 // this datapath's programs (the daemon calls it after attaching): what the
 // previous programs added meanwhile is moved too, then the old maps are
-// unpinned. It also settles the SNAT overflow mark (snatovf.go). Without
-// maps to move or a mark to settle it does nothing.
+// unpinned. It also settles the SNAT overflow mark (snatovf.go) and
+// installs the connection table's filter over a pinned table
+// (ctfilter.go), which only this version's programs keep exact.
 func (d *LB) Retire() error {
 	var errs []error
 	if err := d.settleOverflowMark(); err != nil {
@@ -159,5 +160,10 @@ func (d *LB) Retire() error {
 		d.log.Info("moved a map to its new layout", "map", l.lv.old, "to", l.lv.pin, "late_entries", n)
 	}
 	d.legacy = nil
+	// Only this version's programs write the connection table now, and
+	// they set the filter's bits.
+	if err := d.ctf.install(); err != nil {
+		errs = append(errs, err)
+	}
 	return errors.Join(errs...)
 }
