@@ -754,23 +754,3 @@ int l4lb_hc(struct __sk_buff *skb)
 		count_reason(reason, p.l3_len);
 	return verdict;
 }
-
-static long ct_filter_fill_one(void *map, const struct flow_key *key, struct ct_value *v, void *ctx)
-{
-	ct_filter_set(CT_FILTER_NEXT, flow_hash(key));
-	return 0;
-}
-
-/*
- * Sets the bit of every connection-table entry in the filter being built
- * (slot CT_FILTER_NEXT; ctfilter.h). Never attached: lb/datapath runs it
- * once per rebuild with BPF_PROG_TEST_RUN, so that the bits are computed
- * by the datapath's own flow hash and set with the same atomic operation
- * as the datapath's, in the map the datapath writes concurrently.
- */
-SEC("xdp")
-int l4lb_ct_filter_fill(struct xdp_md *ctx)
-{
-	bpf_for_each_map_elem(&conntrack, ct_filter_fill_one, NULL, 0);
-	return XDP_PASS;
-}

@@ -347,7 +347,6 @@ const (
 	LbMapTxPorts              = "tx_ports"
 	LbMapValidateScratch      = "validate_scratch"
 	LbMapVipFilter            = "vip_filter"
-	LbProgL4lbCtFilterFill    = "l4lb_ct_filter_fill"
 	LbProgL4lbHc              = "l4lb_hc"
 	LbProgL4lbTc              = "l4lb_tc"
 	LbProgL4lbXdp             = "l4lb_xdp"
@@ -420,10 +419,9 @@ type LbSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type LbProgramSpecs struct {
-	L4lbCtFilterFill *ebpf.ProgramSpec `ebpf:"l4lb_ct_filter_fill"`
-	L4lbHc           *ebpf.ProgramSpec `ebpf:"l4lb_hc"`
-	L4lbTc           *ebpf.ProgramSpec `ebpf:"l4lb_tc"`
-	L4lbXdp          *ebpf.ProgramSpec `ebpf:"l4lb_xdp"`
+	L4lbHc  *ebpf.ProgramSpec `ebpf:"l4lb_hc"`
+	L4lbTc  *ebpf.ProgramSpec `ebpf:"l4lb_tc"`
+	L4lbXdp *ebpf.ProgramSpec `ebpf:"l4lb_xdp"`
 }
 
 // LbMapSpecs contains maps before they are loaded into the kernel.
@@ -615,15 +613,13 @@ type LbVariables struct {
 //
 // It can be passed to LoadLbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type LbPrograms struct {
-	L4lbCtFilterFill *ebpf.Program `ebpf:"l4lb_ct_filter_fill"`
-	L4lbHc           *ebpf.Program `ebpf:"l4lb_hc"`
-	L4lbTc           *ebpf.Program `ebpf:"l4lb_tc"`
-	L4lbXdp          *ebpf.Program `ebpf:"l4lb_xdp"`
+	L4lbHc  *ebpf.Program `ebpf:"l4lb_hc"`
+	L4lbTc  *ebpf.Program `ebpf:"l4lb_tc"`
+	L4lbXdp *ebpf.Program `ebpf:"l4lb_xdp"`
 }
 
 func (p *LbPrograms) Close() error {
 	return _LbClose(
-		p.L4lbCtFilterFill,
 		p.L4lbHc,
 		p.L4lbTc,
 		p.L4lbXdp,

@@ -22,10 +22,10 @@
  *   - lb/datapath installs a filter only once it holds a bit for every
  *     entry in the table: it puts a new, empty filter in CT_FILTER_NEXT
  *     (the kernel returns from that update only when no program still runs
- *     that could have missed the slot), then sets the bits of every entry
- *     with l4lb_ct_filter_fill below, then moves that filter to
- *     CT_FILTER_LIVE. Entries inserted meanwhile set their bits in it
- *     themselves;
+ *     that could have missed the slot), then sets the bit of every entry
+ *     in the table, with the same hash and an atomic OR on a shared
+ *     mapping of the filter, then moves that filter to CT_FILTER_LIVE.
+ *     Entries inserted meanwhile set their bits in it themselves;
  *   - it does so only once no program of an earlier l4lb, which would not
  *     set bits, still runs on the table: at once for a table it created,
  *     after attaching (Retire) for a pinned one; until then

@@ -128,6 +128,9 @@ struct ct_filter_inner {
 	__type(key, __u32);
 	__type(value, __u64);
 	__uint(max_entries, 64);
+	/* l4lbd sets bits through a shared mapping, with the datapath's
+	 * atomic OR (ctfilter.go). */
+	__uint(map_flags, BPF_F_MMAPABLE);
 };
 
 struct {

@@ -7,12 +7,17 @@ import (
 	"fmt"
 	"log/slog"
 	"math/bits"
+	"os"
 	"sync"
+	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 
 	"github.com/l4lb/l4lb/bpf"
+	"github.com/l4lb/l4lb/lb/maglev"
 )
 
 // The control side of the connection table's presence filter
@@ -39,8 +44,8 @@ const (
 	// table (evicted, expired, flushed) are never cleared in place.
 	ctFilterMaxFill = 0.25
 
-	// ctFilterCheckEvery is how often the fill is checked. A rebuild walks
-	// the table in the kernel (about 100 ms per million entries).
+	// ctFilterCheckEvery is how often the fill is checked. A rebuild reads
+	// the whole table (BenchmarkConntrackFilterRebuild).
 	ctFilterCheckEvery = 30 * time.Second
 )
 
@@ -56,24 +61,74 @@ func ctFilterWords(conntrackMax uint32) uint32 {
 
 // ctFilter installs and rebuilds the filters in the ct_filter map.
 type ctFilter struct {
-	log   *slog.Logger
-	outer *ebpf.Map
-	inner *ebpf.MapSpec
-	fill  *ebpf.Program
+	log       *slog.Logger
+	seed      maglev.Seed
+	outer     *ebpf.Map
+	conntrack *ebpf.Map
+	inner     *ebpf.MapSpec
 
 	mu   sync.Mutex
-	live *ebpf.Map // the filter in CT_FILTER_LIVE, nil while there is none
+	live *filterMap // the filter in CT_FILTER_LIVE, nil while there is none
 	// stop ends the maintenance loop, done says it has ended; nil
 	// before the first install.
 	stop, done chan struct{}
+	// checkEvery is ctFilterCheckEvery but in tests.
+	checkEvery time.Duration
 }
 
-func newCTFilter(log *slog.Logger, coll *ebpf.Collection, spec *ebpf.CollectionSpec) *ctFilter {
+// filterMap is one filter: its map and a shared mapping of its words.
+type filterMap struct {
+	m     *ebpf.Map
+	mem   []byte
+	words []uint64
+}
+
+func newFilterMap(spec *ebpf.MapSpec) (*filterMap, error) {
+	m, err := ebpf.NewMap(spec)
+	if err != nil {
+		return nil, fmt.Errorf("datapath: create a connection-table filter (%d words): %w", spec.MaxEntries, err)
+	}
+	size := (int(spec.MaxEntries)*8 + os.Getpagesize() - 1) &^ (os.Getpagesize() - 1)
+	mem, err := unix.Mmap(m.FD(), 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		m.Close()
+		return nil, fmt.Errorf("datapath: map the connection-table filter into memory: %w", err)
+	}
+	words := unsafe.Slice((*uint64)(unsafe.Pointer(&mem[0])), spec.MaxEntries)
+	return &filterMap{m: m, mem: mem, words: words}, nil
+}
+
+func (f *filterMap) close() {
+	unix.Munmap(f.mem)
+	f.m.Close()
+}
+
+// set sets the bit of a flow hash, as ct_filter_set does in the datapath:
+// an atomic OR, so that neither side loses the other's bits.
+func (f *filterMap) set(hash uint64) {
+	w := &f.words[uint32(hash>>32)&uint32(len(f.words)-1)]
+	if bit := uint64(1) << (hash >> 26 & 63); atomic.LoadUint64(w)&bit == 0 {
+		atomic.OrUint64(w, bit)
+	}
+}
+
+// fill is the fraction of its bits set.
+func (f *filterMap) fill() float64 {
+	set := 0
+	for i := range f.words {
+		set += bits.OnesCount64(atomic.LoadUint64(&f.words[i]))
+	}
+	return float64(set) / float64(len(f.words)*64)
+}
+
+func newCTFilter(log *slog.Logger, seed maglev.Seed, coll *ebpf.Collection, spec *ebpf.CollectionSpec) *ctFilter {
 	return &ctFilter{
-		log:   log,
-		outer: coll.Maps[bpf.LbMapCtFilter],
-		inner: spec.Maps[bpf.LbMapCtFilter].InnerMap.Copy(),
-		fill:  coll.Programs[bpf.LbProgL4lbCtFilterFill],
+		log:        log,
+		seed:       seed,
+		outer:      coll.Maps[bpf.LbMapCtFilter],
+		conntrack:  coll.Maps[bpf.LbMapConntrack],
+		inner:      spec.Maps[bpf.LbMapCtFilter].InnerMap.Copy(),
+		checkEvery: ctFilterCheckEvery,
 	}
 }
 
@@ -102,7 +157,7 @@ func (f *ctFilter) install() error {
 		return err
 	}
 	f.stop, f.done = make(chan struct{}), make(chan struct{})
-	go f.maintain(f.stop, f.done)
+	go f.maintain(f.stop, f.done, f.checkEvery)
 	return nil
 }
 
@@ -115,23 +170,23 @@ func (f *ctFilter) rebuild() error {
 }
 
 func (f *ctFilter) rebuildLocked() error {
-	m, err := ebpf.NewMap(f.inner)
+	next, err := newFilterMap(f.inner)
 	if err != nil {
-		return fmt.Errorf("datapath: create a connection-table filter (%d words): %w", f.inner.MaxEntries, err)
+		return err
 	}
 	// The kernel returns from a write to a map-in-map only once no program
 	// runs that read the slot before it: every insert from here on sets
-	// its bit in m as well.
-	if err := f.outer.Put(ctFilterNext, m); err != nil {
-		m.Close()
+	// its bit in next as well.
+	if err := f.outer.Put(ctFilterNext, next.m); err != nil {
+		next.close()
 		return fmt.Errorf("datapath: install the connection-table filter being built: %w", err)
 	}
-	if err := f.fillNext(); err != nil {
-		m.Close()
+	if err := f.fillFrom(next); err != nil {
+		next.close()
 		return errors.Join(err, f.outer.Delete(ctFilterNext))
 	}
-	if err := f.outer.Put(ctFilterLive, m); err != nil {
-		m.Close()
+	if err := f.outer.Put(ctFilterLive, next.m); err != nil {
+		next.close()
 		return errors.Join(fmt.Errorf("datapath: install the connection-table filter: %w", err), f.outer.Delete(ctFilterNext))
 	}
 	if err := f.outer.Delete(ctFilterNext); err != nil {
@@ -139,56 +194,43 @@ func (f *ctFilter) rebuildLocked() error {
 		f.log.Warn("could not clear the connection-table filter's build slot", "error", err)
 	}
 	if f.live != nil {
-		f.live.Close()
+		f.live.close()
 	}
-	f.live = m
+	f.live = next
 	return nil
 }
 
-// fillNext sets the bit of every entry of the table in the filter in
-// CT_FILTER_NEXT, with the datapath's own hash and atomic operation
-// (l4lb_ct_filter_fill in bpf/lb.c).
-func (f *ctFilter) fillNext() error {
-	// XDP's test run wants a frame of at least an Ethernet header; the
-	// program does not read it.
-	ret, err := f.fill.Run(&ebpf.RunOptions{Data: make([]byte, 64)})
+// fillFrom sets the bit of every entry of the table in next, by the flow
+// hash the datapath computes (SipHash-2-4 of the 40-byte key, lb/maglev).
+// The table is read in batches: nothing in the kernel runs for long, and
+// entries the datapath adds meanwhile set their own bits.
+func (f *ctFilter) fillFrom(next *filterMap) error {
+	err := walk(f.conntrack, func(k *[40]byte, _ *bpf.LbCtValue) bool {
+		next.set(maglev.SipHash24(f.seed, k[:]))
+		return true
+	})
 	if err != nil {
-		return fmt.Errorf("datapath: fill the connection-table filter: %w", err)
-	}
-	if ret != 2 { // XDP_PASS
-		return fmt.Errorf("datapath: fill the connection-table filter: program returned %d", ret)
+		return fmt.Errorf("datapath: read the connection table to fill its filter: %w", err)
 	}
 	return nil
 }
 
 // fillRatio is the fraction of the live filter's bits that are set, 0
 // when there is no filter.
-func (f *ctFilter) fillRatio() (float64, error) {
+func (f *ctFilter) fillRatio() float64 {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.live == nil {
-		return 0, nil
+		return 0
 	}
-	var (
-		set  int
-		word uint64
-		it   = f.live.Iterate()
-		key  uint32
-	)
-	for it.Next(&key, &word) {
-		set += bits.OnesCount64(word)
-	}
-	if err := it.Err(); err != nil {
-		return 0, fmt.Errorf("datapath: read the connection-table filter: %w", err)
-	}
-	return float64(set) / float64(uint64(f.inner.MaxEntries)*64), nil
+	return f.live.fill()
 }
 
 // maintain rebuilds the filter whenever more than ctFilterMaxFill of its
 // bits are set.
-func (f *ctFilter) maintain(stop, done chan struct{}) {
+func (f *ctFilter) maintain(stop, done chan struct{}, every time.Duration) {
 	defer close(done)
-	t := time.NewTicker(ctFilterCheckEvery)
+	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
 		select {
@@ -196,11 +238,7 @@ func (f *ctFilter) maintain(stop, done chan struct{}) {
 			return
 		case <-t.C:
 		}
-		fill, err := f.fillRatio()
-		if err != nil {
-			f.log.Warn("could not check the connection-table filter", "error", err)
-			continue
-		}
+		fill := f.fillRatio()
 		if fill <= ctFilterMaxFill {
 			continue
 		}
@@ -208,8 +246,7 @@ func (f *ctFilter) maintain(stop, done chan struct{}) {
 			f.log.Warn("could not rebuild the connection-table filter; SYNs take the table lookup more often", "fill", fill, "error", err)
 			continue
 		}
-		after, _ := f.fillRatio()
-		f.log.Debug("rebuilt the connection-table filter", "fill_before", fill, "fill_after", after)
+		f.log.Debug("rebuilt the connection-table filter", "fill_before", fill, "fill_after", f.fillRatio())
 	}
 }
 
@@ -226,7 +263,7 @@ func (f *ctFilter) close() {
 	}
 	f.mu.Lock()
 	if f.live != nil {
-		f.live.Close()
+		f.live.close()
 		f.live = nil
 	}
 	f.mu.Unlock()

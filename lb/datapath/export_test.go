@@ -2,7 +2,11 @@
 
 package datapath
 
-import "github.com/cilium/ebpf"
+import (
+	"time"
+
+	"github.com/cilium/ebpf"
+)
 
 // Exported for the packet tests in package datapath_test only: they check
 // the loaded maps' layouts against the generated Go types.
@@ -21,4 +25,22 @@ func (c *Companion) Maps() map[string]*ebpf.Map { return c.coll.Maps }
 func (d *LB) RebuildConntrackFilter() error { return d.ctf.rebuild() }
 
 // ConntrackFilterFill is the fraction of the live filter's bits set.
-func (d *LB) ConntrackFilterFill() (float64, error) { return d.ctf.fillRatio() }
+func (d *LB) ConntrackFilterFill() float64 { return d.ctf.fillRatio() }
+
+// SetConntrackFilterCheck sets how often the filter's fill is checked from
+// the next install on.
+func (d *LB) SetConntrackFilterCheck(every time.Duration) {
+	d.ctf.mu.Lock()
+	defer d.ctf.mu.Unlock()
+	d.ctf.checkEvery = every
+}
+
+// MarkConntrackFilter sets the bits of hashes in the live filter, as
+// entries that have since left the table would have.
+func (d *LB) MarkConntrackFilter(hashes []uint64) {
+	d.ctf.mu.Lock()
+	defer d.ctf.mu.Unlock()
+	for _, h := range hashes {
+		d.ctf.live.set(h)
+	}
+}
