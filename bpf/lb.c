@@ -492,11 +492,15 @@ static __always_inline int lb_process(const struct hook *h, struct icmp_todo *to
 			has_hash = 1;
 		}
 	}
-	/* A SYN whose hash the filter has never seen has no entry to
+	/* A SYN whose key the filter has never seen has no entry to
 	 * follow: it skips the table's cold bucket (ctfilter.h). */
 	ct = NULL;
-	if (!has_hash || ct_filter_maybe(hash))
+	if (!syn) {
+		ct_filter_prefetch(ct_filter_mix(&p->key));
 		ct = bpf_map_lookup_elem(&conntrack, &p->key);
+	} else if (ct_filter_maybe(ct_filter_mix(&p->key))) {
+		ct = bpf_map_lookup_elem(&conntrack, &p->key);
+	}
 	/* A SNAT SYN makes its binding instead (snat.h). */
 	if (has_hash && svc->mode != L4LB_MODE_SNAT)
 		handshake_prefetch(hash);

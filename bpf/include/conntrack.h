@@ -273,7 +273,7 @@ chosen:
 		} else {
 			/* Its bit first: a SYN must never find it clear
 			 * with the entry in the table (ctfilter.h). */
-			ct_filter_add(hash);
+			ct_filter_add(&p->key);
 			if (bpf_map_update_elem(&conntrack, &p->key, &v, BPF_ANY))
 				count_reason(L4LB_R_EVENT_CT_INSERT_FAILED, p->l3_len);
 		}

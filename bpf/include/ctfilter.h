@@ -9,8 +9,8 @@
  * always missed: a random bucket of a bucket array as large as the table
  * (16 MB at the default million entries), and that one cold read was half
  * of what a SYN cost (docs/datapath.md). The filter is a bit array, eight
- * bits per entry of capacity, indexed by the flow hash the SYN computes
- * anyway: a clear bit proves the table has no entry for the tuple, and
+ * bits per entry of capacity, indexed by a cheap mix of the flow key: a
+ * clear bit proves the table has no entry for the tuple, and
  * the SYN goes on without the lookup. A set bit (the flow's, or another
  * tuple's) takes the lookup as before. The filter never decides anything
  * the table would not.
@@ -23,7 +23,7 @@
  *     entry in the table: it puts a new, empty filter in CT_FILTER_NEXT
  *     (the kernel returns from that update only when no program still runs
  *     that could have missed the slot), then sets the bit of every entry
- *     in the table, with the same hash and an atomic OR on a shared
+ *     in the table, with the same mix and an atomic OR on a shared
  *     mapping of the filter, then moves that filter to CT_FILTER_LIVE.
  *     Entries inserted meanwhile set their bits in it themselves;
  *   - it does so only once no program of an earlier l4lb, which would not
@@ -43,17 +43,30 @@
 #define CT_FILTER_LIVE 0
 #define CT_FILTER_NEXT 1
 
-/* The bit of a flow hash within its word: bits of the hash that neither
- * the word index nor the handshakes bucket use. */
-static __always_inline __u64 ct_filter_bit(__u64 hash)
+/*
+ * What indexes the filter: a multiplicative mix of the five words of the
+ * flow key, not the flow hash. A SYN's filter read then does not wait for
+ * SipHash, and overlaps it; lb/datapath (filterMix) computes the same. The
+ * word is bits 32.. of the mix, the bit within it bits 58..63: the top
+ * bits of the last product, which every bit of the key reaches.
+ */
+static __always_inline __u64 ct_filter_mix(const struct flow_key *k)
 {
-	return 1ULL << ((hash >> 26) & 63);
+	const __u64 *m = (const __u64 *)k;
+	__u64 x = (m[0] ^ m[1] ^ (m[2] << 1) ^ (m[3] << 1)) * 0x9e3779b97f4a7c15ULL;
+
+	return (x ^ m[4]) * 0xff51afd7ed558ccdULL;
 }
 
-/* The word of a flow hash in the filter in slot, or NULL if there is none. */
-static __always_inline __u64 *ct_filter_word(__u32 slot, __u64 hash)
+static __always_inline __u64 ct_filter_bit(__u64 mix)
 {
-	__u32 idx = (__u32)(hash >> 32) & cfg_ct_filter_mask;
+	return 1ULL << (mix >> 58);
+}
+
+/* The word of a key's mix in the filter in slot, or NULL if there is none. */
+static __always_inline __u64 *ct_filter_word(__u32 slot, __u64 mix)
+{
+	__u32 idx = (__u32)(mix >> 32) & cfg_ct_filter_mask;
 	void *f = bpf_map_lookup_elem(&ct_filter, &slot);
 
 	if (!f)
@@ -61,19 +74,37 @@ static __always_inline __u64 *ct_filter_word(__u32 slot, __u64 hash)
 	return bpf_map_lookup_elem(f, &idx);
 }
 
-/* May the connection table hold an entry for a flow of this hash? 0 only
+/* May the connection table hold an entry for a key of this mix? 0 only
  * when the live filter proves it does not. */
-static __always_inline int ct_filter_maybe(__u64 hash)
+static __always_inline int ct_filter_maybe(__u64 mix)
 {
-	__u64 *w = ct_filter_word(CT_FILTER_LIVE, hash);
+	__u64 *w = ct_filter_word(CT_FILTER_LIVE, mix);
 
-	return !w || (*w & ct_filter_bit(hash));
+	return !w || (*w & ct_filter_bit(mix));
 }
 
-static __always_inline void ct_filter_set(__u32 slot, __u64 hash)
+/*
+ * Read the live filter's word of a key's mix, and nothing more: a packet
+ * without SYN does this right before its table lookup. Most such packets
+ * are established and lose nothing (the read overlaps the lookup's own
+ * miss); a new flow's insert then finds the word in cache for its atomic
+ * OR, which would otherwise wait for it.
+ */
+static __always_inline void ct_filter_prefetch(__u64 mix)
 {
-	__u64 *w = ct_filter_word(slot, hash);
-	__u64 bit = ct_filter_bit(hash);
+	__u64 *w = ct_filter_word(CT_FILTER_LIVE, mix);
+
+	if (w) {
+		__u64 x = *(volatile __u64 *)w;
+
+		barrier_var(x);
+	}
+}
+
+static __always_inline void ct_filter_set(__u32 slot, __u64 mix)
+{
+	__u64 *w = ct_filter_word(slot, mix);
+	__u64 bit = ct_filter_bit(mix);
 
 	/* Read first: a set bit, the common case for a busy filter, leaves
 	 * the line clean in every CPU's cache. */
@@ -81,12 +112,13 @@ static __always_inline void ct_filter_set(__u32 slot, __u64 hash)
 		__sync_fetch_and_or(w, bit);
 }
 
-/* Record a flow of this hash in every filter present, before its entry
- * is inserted. */
-static __always_inline void ct_filter_add(__u64 hash)
+/* Record a key in every filter present, before its entry is inserted. */
+static __always_inline void ct_filter_add(const struct flow_key *k)
 {
-	ct_filter_set(CT_FILTER_LIVE, hash);
-	ct_filter_set(CT_FILTER_NEXT, hash);
+	__u64 mix = ct_filter_mix(k);
+
+	ct_filter_set(CT_FILTER_LIVE, mix);
+	ct_filter_set(CT_FILTER_NEXT, mix);
 }
 
 #endif

@@ -116,8 +116,8 @@ struct {
 } conntrack SEC(".maps");
 
 /*
- * The connection table's presence filter (ctfilter.h): one bit per flow
- * hash, set before the datapath inserts an entry. Slot CT_FILTER_LIVE is
+ * The connection table's presence filter (ctfilter.h): one bit per mix
+ * of a flow key, set before the datapath inserts the key's entry. Slot CT_FILTER_LIVE is
  * the filter SYNs read; slot CT_FILTER_NEXT, present only while
  * lb/datapath rebuilds the filter, is written as well. Inner maps are
  * sized by lb/datapath (ctFilterWords); an empty slot CT_FILTER_LIVE means

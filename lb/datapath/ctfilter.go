@@ -3,6 +3,7 @@
 package datapath
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -17,11 +18,10 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/l4lb/l4lb/bpf"
-	"github.com/l4lb/l4lb/lb/maglev"
 )
 
 // The control side of the connection table's presence filter
-// (bpf/include/ctfilter.h): a bit array indexed by the flow hash that lets
+// (bpf/include/ctfilter.h): a bit array indexed by a mix of the flow key that lets
 // a SYN skip the connection-table lookup when no entry can exist for its
 // tuple. The datapath sets a flow's bit before it inserts the flow's
 // entry; this side installs a filter only when it holds the bit of every
@@ -62,7 +62,6 @@ func ctFilterWords(conntrackMax uint32) uint32 {
 // ctFilter installs and rebuilds the filters in the ct_filter map.
 type ctFilter struct {
 	log       *slog.Logger
-	seed      maglev.Seed
 	outer     *ebpf.Map
 	conntrack *ebpf.Map
 	inner     *ebpf.MapSpec
@@ -103,11 +102,20 @@ func (f *filterMap) close() {
 	f.m.Close()
 }
 
-// set sets the bit of a flow hash, as ct_filter_set does in the datapath:
+// filterMix is what indexes the filter for a 40-byte flow key: the same
+// multiplicative mix of its five little-endian words as ct_filter_mix in
+// bpf/include/ctfilter.h.
+func filterMix(k *[40]byte) uint64 {
+	m := func(i int) uint64 { return binary.LittleEndian.Uint64(k[8*i:]) }
+	x := (m(0) ^ m(1) ^ m(2)<<1 ^ m(3)<<1) * 0x9e3779b97f4a7c15
+	return (x ^ m(4)) * 0xff51afd7ed558ccd
+}
+
+// set sets the bit of a key's mix, as ct_filter_set does in the datapath:
 // an atomic OR, so that neither side loses the other's bits.
-func (f *filterMap) set(hash uint64) {
-	w := &f.words[uint32(hash>>32)&uint32(len(f.words)-1)]
-	if bit := uint64(1) << (hash >> 26 & 63); atomic.LoadUint64(w)&bit == 0 {
+func (f *filterMap) set(mix uint64) {
+	w := &f.words[uint32(mix>>32)&uint32(len(f.words)-1)]
+	if bit := uint64(1) << (mix >> 58); atomic.LoadUint64(w)&bit == 0 {
 		atomic.OrUint64(w, bit)
 	}
 }
@@ -121,10 +129,9 @@ func (f *filterMap) fill() float64 {
 	return float64(set) / float64(len(f.words)*64)
 }
 
-func newCTFilter(log *slog.Logger, seed maglev.Seed, coll *ebpf.Collection, spec *ebpf.CollectionSpec) *ctFilter {
+func newCTFilter(log *slog.Logger, coll *ebpf.Collection, spec *ebpf.CollectionSpec) *ctFilter {
 	return &ctFilter{
 		log:        log,
-		seed:       seed,
 		outer:      coll.Maps[bpf.LbMapCtFilter],
 		conntrack:  coll.Maps[bpf.LbMapConntrack],
 		inner:      spec.Maps[bpf.LbMapCtFilter].InnerMap.Copy(),
@@ -200,13 +207,13 @@ func (f *ctFilter) rebuildLocked() error {
 	return nil
 }
 
-// fillFrom sets the bit of every entry of the table in next, by the flow
-// hash the datapath computes (SipHash-2-4 of the 40-byte key, lb/maglev).
+// fillFrom sets the bit of every entry of the table in next, by the mix of
+// its key the datapath computes.
 // The table is read in batches: nothing in the kernel runs for long, and
 // entries the datapath adds meanwhile set their own bits.
 func (f *ctFilter) fillFrom(next *filterMap) error {
 	err := walk(f.conntrack, func(k *[40]byte, _ *bpf.LbCtValue) bool {
-		next.set(maglev.SipHash24(f.seed, k[:]))
+		next.set(filterMix(k))
 		return true
 	})
 	if err != nil {

@@ -277,7 +277,7 @@ func Load(cfg Config) (*LB, error) {
 	// A table this datapath created (nothing pinned) holds no entry
 	// without its bit: the filter can go in now. A pinned one may be
 	// written by an earlier l4lb's programs until Retire.
-	d.ctf = newCTFilter(cfg.Log, cfg.Seed, coll, spec)
+	d.ctf = newCTFilter(cfg.Log, coll, spec)
 	install := d.ctf.clear
 	if cfg.PinPath == "" {
 		install = d.ctf.install
