@@ -412,7 +412,7 @@ static __always_inline int lb_process(const struct hook *h, struct icmp_todo *to
 	void *data, *data_end;
 	int reason = -1, verdict, r, syn, has_hash;
 	__u32 svc_id, mode, dispatch, word, gen;
-	__u64 now, hash = 0;
+	__u64 now, mix, hash = 0;
 
 	hook_pull(h, PARSE_PULL);
 	data = hook_data(h);
@@ -453,9 +453,10 @@ static __always_inline int lb_process(const struct hook *h, struct icmp_todo *to
 	 */
 	gen = flow_cache_gen_now();
 	now = coarse_now();
+	mix = flow_key_mix(&p->key);
 	fc = NULL;
 	if (flow_cache_may(p) && !p->vlan) {
-		fc = flow_cache_slot(&p->key);
+		fc = flow_cache_slot(mix);
 		if (fc && flow_cache_hit(fc, p, now, gen)) {
 			word = fc->svc_word;
 			if (L4LB_WORD_MODE(word) == L4LB_MODE_SNAT && snat_ttl_expired(h, p)) {
@@ -495,12 +496,10 @@ static __always_inline int lb_process(const struct hook *h, struct icmp_todo *to
 	/* A SYN whose key the filter has never seen has no entry to
 	 * follow: it skips the table's cold bucket (ctfilter.h). */
 	ct = NULL;
-	if (!syn) {
-		ct_filter_prefetch(ct_filter_mix(&p->key));
+	if (!syn)
+		ct_filter_prefetch(mix);
+	if (!syn || ct_filter_maybe(mix))
 		ct = bpf_map_lookup_elem(&conntrack, &p->key);
-	} else if (ct_filter_maybe(ct_filter_mix(&p->key))) {
-		ct = bpf_map_lookup_elem(&conntrack, &p->key);
-	}
 	/* A SNAT SYN makes its binding instead (snat.h). */
 	if (has_hash && svc->mode != L4LB_MODE_SNAT)
 		handshake_prefetch(hash);

@@ -44,13 +44,14 @@
 #define CT_FILTER_NEXT 1
 
 /*
- * What indexes the filter: a multiplicative mix of the five words of the
- * flow key, not the flow hash. A SYN's filter read then does not wait for
- * SipHash, and overlaps it; lb/datapath (filterMix) computes the same. The
- * word is bits 32.. of the mix, the bit within it bits 58..63: the top
- * bits of the last product, which every bit of the key reaches.
+ * A multiplicative mix of the five words of a flow key, computed once per
+ * packet: it picks the flow-cache slot (flowcache.h) and indexes the
+ * filter. Not the flow hash: a SYN's filter read then does not wait for
+ * SipHash, and overlaps it. lb/datapath (filterMix) computes the same. The
+ * filter's word is bits 32.. of the mix, the bit within it bits 58..63:
+ * the top bits of the last product, which every bit of the key reaches.
  */
-static __always_inline __u64 ct_filter_mix(const struct flow_key *k)
+static __always_inline __u64 flow_key_mix(const struct flow_key *k)
 {
 	const __u64 *m = (const __u64 *)k;
 	__u64 x = (m[0] ^ m[1] ^ (m[2] << 1) ^ (m[3] << 1)) * 0x9e3779b97f4a7c15ULL;
@@ -115,7 +116,7 @@ static __always_inline void ct_filter_set(__u32 slot, __u64 mix)
 /* Record a key in every filter present, before its entry is inserted. */
 static __always_inline void ct_filter_add(const struct flow_key *k)
 {
-	__u64 mix = ct_filter_mix(k);
+	__u64 mix = flow_key_mix(k);
 
 	ct_filter_set(CT_FILTER_LIVE, mix);
 	ct_filter_set(CT_FILTER_NEXT, mix);

@@ -37,19 +37,16 @@
 #define L4LB_FLOWCACHE_H
 
 #include "conntrack.h"
+#include "ctfilter.h"
 
 _Static_assert((L4LB_FLOW_CACHE_SLOTS & (L4LB_FLOW_CACHE_SLOTS - 1)) == 0, "flow_cache_slot masks");
 
-/* The slot of key in this CPU's cache: a multiplicative hash of the five
- * words of the key (not the flow hash, which a miss would pay for). */
-static __always_inline struct flow_cache_entry *flow_cache_slot(const struct flow_key *k)
+/* The slot of a key in this CPU's cache, by its flow_key_mix (ctfilter.h;
+ * not the flow hash, which a miss would pay for). */
+static __always_inline struct flow_cache_entry *flow_cache_slot(__u64 mix)
 {
-	const __u64 *m = (const __u64 *)k;
-	__u64 x = (m[0] ^ m[1] ^ (m[2] << 1) ^ (m[3] << 1)) * 0x9e3779b97f4a7c15ULL;
-	__u32 idx;
+	__u32 idx = (__u32)(mix >> 40) & (L4LB_FLOW_CACHE_SLOTS - 1);
 
-	x = (x ^ m[4]) * 0xff51afd7ed558ccdULL;
-	idx = (__u32)(x >> 40) & (L4LB_FLOW_CACHE_SLOTS - 1);
 	return bpf_map_lookup_elem(&flow_cache, &idx);
 }
 

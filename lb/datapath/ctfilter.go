@@ -103,7 +103,7 @@ func (f *filterMap) close() {
 }
 
 // filterMix is what indexes the filter for a 40-byte flow key: the same
-// multiplicative mix of its five little-endian words as ct_filter_mix in
+// multiplicative mix of its five little-endian words as flow_key_mix in
 // bpf/include/ctfilter.h.
 func filterMix(k *[40]byte) uint64 {
 	m := func(i int) uint64 { return binary.LittleEndian.Uint64(k[8*i:]) }
