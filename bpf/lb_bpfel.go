@@ -331,6 +331,7 @@ const (
 	LbMapIcmpBuckets          = "icmp_buckets"
 	LbMapInsertBuckets        = "insert_buckets"
 	LbMapMaglev               = "maglev"
+	LbMapMaglevSwapped        = "maglev_swapped"
 	LbMapNexthops             = "nexthops"
 	LbMapReasons              = "reasons"
 	LbMapServices             = "services"
@@ -356,6 +357,7 @@ const (
 	LbVarCfgEncapSrc6         = "cfg_encap_src6"
 	LbVarCfgEncapSrc6HostMask = "cfg_encap_src6_host_mask"
 	LbVarCfgEncapTtl          = "cfg_encap_ttl"
+	LbVarCfgHandshakeHoldNs   = "cfg_handshake_hold_ns"
 	LbVarCfgHandshakeMask     = "cfg_handshake_mask"
 	LbVarCfgHcMark            = "cfg_hc_mark"
 	LbVarCfgHcMarkMask        = "cfg_hc_mark_mask"
@@ -442,6 +444,7 @@ type LbMapSpecs struct {
 	IcmpBuckets     *ebpf.MapSpec `ebpf:"icmp_buckets"`
 	InsertBuckets   *ebpf.MapSpec `ebpf:"insert_buckets"`
 	Maglev          *ebpf.MapSpec `ebpf:"maglev"`
+	MaglevSwapped   *ebpf.MapSpec `ebpf:"maglev_swapped"`
 	Nexthops        *ebpf.MapSpec `ebpf:"nexthops"`
 	Reasons         *ebpf.MapSpec `ebpf:"reasons"`
 	Services        *ebpf.MapSpec `ebpf:"services"`
@@ -470,6 +473,7 @@ type LbVariableSpecs struct {
 	CfgEncapSrc6         *ebpf.VariableSpec `ebpf:"cfg_encap_src6"`
 	CfgEncapSrc6HostMask *ebpf.VariableSpec `ebpf:"cfg_encap_src6_host_mask"`
 	CfgEncapTtl          *ebpf.VariableSpec `ebpf:"cfg_encap_ttl"`
+	CfgHandshakeHoldNs   *ebpf.VariableSpec `ebpf:"cfg_handshake_hold_ns"`
 	CfgHandshakeMask     *ebpf.VariableSpec `ebpf:"cfg_handshake_mask"`
 	CfgHcMark            *ebpf.VariableSpec `ebpf:"cfg_hc_mark"`
 	CfgHcMarkMask        *ebpf.VariableSpec `ebpf:"cfg_hc_mark_mask"`
@@ -525,6 +529,7 @@ type LbMaps struct {
 	IcmpBuckets     *ebpf.Map `ebpf:"icmp_buckets"`
 	InsertBuckets   *ebpf.Map `ebpf:"insert_buckets"`
 	Maglev          *ebpf.Map `ebpf:"maglev"`
+	MaglevSwapped   *ebpf.Map `ebpf:"maglev_swapped"`
 	Nexthops        *ebpf.Map `ebpf:"nexthops"`
 	Reasons         *ebpf.Map `ebpf:"reasons"`
 	Services        *ebpf.Map `ebpf:"services"`
@@ -559,6 +564,7 @@ func (m *LbMaps) Close() error {
 		m.IcmpBuckets,
 		m.InsertBuckets,
 		m.Maglev,
+		m.MaglevSwapped,
 		m.Nexthops,
 		m.Reasons,
 		m.Services,
@@ -588,6 +594,7 @@ type LbVariables struct {
 	CfgEncapSrc6         *ebpf.Variable `ebpf:"cfg_encap_src6"`
 	CfgEncapSrc6HostMask *ebpf.Variable `ebpf:"cfg_encap_src6_host_mask"`
 	CfgEncapTtl          *ebpf.Variable `ebpf:"cfg_encap_ttl"`
+	CfgHandshakeHoldNs   *ebpf.Variable `ebpf:"cfg_handshake_hold_ns"`
 	CfgHandshakeMask     *ebpf.Variable `ebpf:"cfg_handshake_mask"`
 	CfgHcMark            *ebpf.Variable `ebpf:"cfg_hc_mark"`
 	CfgHcMarkMask        *ebpf.Variable `ebpf:"cfg_hc_mark_mask"`

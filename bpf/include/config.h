@@ -92,4 +92,10 @@ volatile const __u32 cfg_handshake_mask = 0;
  * one; ctfilter.h). */
 volatile const __u32 cfg_ct_filter_mask = 0;
 
+/* How long after a service's Maglev table is replaced its packets without
+ * SYN still look for their SYN's choice in the handshakes map (ns;
+ * conntrack.h, handshakes_matter): longer than a client retries a SYN and a
+ * backend its SYN-ACK. */
+volatile const __u64 cfg_handshake_hold_ns = 240000000000ULL; /* 4 min */
+
 #endif

@@ -150,6 +150,33 @@ static __always_inline void handshake_prefetch(__u64 hash)
 }
 
 /*
+ * Must a TCP packet without a connection entry follow its SYN's choice in
+ * the handshakes map? Only if the SYN may have gone by another table than
+ * the service has now: while its table was replaced less than
+ * cfg_handshake_hold_ns ago (a backend added, removed, drained or
+ * reweighted), or always for a service whose choice is not the table's
+ * alone (random, or affinity, whose entry may be evicted between the SYN
+ * and the ACK). Otherwise the table picks what the SYN picked, and a
+ * packet without SYN does not read its bucket, a random line of a 1 MB
+ * array: about a tenth of a new flow's first packet without SYN
+ * (docs/datapath.md).
+ */
+static __always_inline int handshakes_matter(const struct svc_value *svc, __u64 now)
+{
+	__u32 id = svc->id;
+	__u64 *t, at;
+
+	if (svc->flags & (L4LB_SVC_RANDOM | L4LB_SVC_AFFINITY))
+		return 1;
+	t = bpf_map_lookup_elem(&maglev_swapped, &id);
+	if (!t)
+		return 1;
+	at = *t;
+	/* Another CPU's (or l4lbd's) clock may be a tick ahead. */
+	return at && (now <= at || now - at < cfg_handshake_hold_ns);
+}
+
+/*
  * Fills sel and returns -1, or returns L4LB_R_DROP_NO_BACKEND. ct is the
  * flow's connection-table entry, or NULL when it has none (the caller
  * looked it up). On a miss, a service with affinity tries the client's
@@ -209,15 +236,27 @@ static __always_inline int select_backend(struct packet *p, const struct svc_val
 			id = 0;
 		}
 	}
-	/* A DSR handshake in flight: the SYN's choice, for its retransmits
-	 * and for the first packet without SYN (which records it below). */
+	/*
+	 * A DSR handshake in flight: the SYN's choice, for its retransmits and
+	 * for the first packet without SYN (which records it below), while
+	 * the SYN may have gone by another table than the service's now
+	 * (handshakes_matter). SYN and ACK decide alike, or a client reusing
+	 * an old tuple would have its SYN follow a stale bucket and its ACK
+	 * the table. A SYN reads its bucket either way, to write its choice,
+	 * and asks only when the bucket holds its hash: most SYNs are new.
+	 */
 	if (!ct && p->key.proto == IPPROTO_TCP && svc->mode != L4LB_MODE_SNAT) {
+		int syn = (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN;
+		int follow = syn ? -1 : handshakes_matter(svc, now);
 		const struct handshake *hs;
 
-		hb = handshake_bucket_of(hash);
+		if (follow)
+			hb = handshake_bucket_of(hash);
 		if (hb) {
 			hs = hb->way[0].hash == hash ? &hb->way[0] : hb->way[1].hash == hash ? &hb->way[1] : NULL;
-			if (hs && hs->svc_id == svc->id) {
+			if (hs && hs->svc_id == svc->id && follow < 0)
+				follow = handshakes_matter(svc, now);
+			if (hs && hs->svc_id == svc->id && follow > 0) {
 				id = hs->backend_id;
 				sel->be = backend_of(id, svc->id);
 				if (sel->be) {

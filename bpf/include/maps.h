@@ -201,6 +201,22 @@ struct {
 } handshakes SEC(".maps");
 
 /*
+ * Service id -> when its Maglev table last replaced another (coarse clock,
+ * ns; 0: never since this datapath was made). Written by lb/datapath
+ * before it swaps a table in or out, read by a packet without SYN and
+ * without a connection entry to know whether its SYN can have gone by
+ * another table (conntrack.h, handshakes_matter). Not pinned: a restarted
+ * l4lbd does not know what the earlier one swapped, and writes the time it
+ * loads for every service instead.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(max_entries, 4097);
+} maglev_swapped SEC(".maps");
+
+/*
  * SNAT bindings, one entry per direction (see snat.h). LRU because a NAT
  * table that refuses new flows when full fails the new flows of every
  * service at once; an LRU instead forgets the binding idle the longest.

@@ -506,3 +506,114 @@ func TestConntrackLastSeenFollowsClock(t *testing.T) {
 		}
 	}
 }
+
+// swapStamps reads maglev_swapped: for each service id, when its Maglev
+// table last replaced another (0: never).
+func (e *env) swapStamps(t testing.TB) map[uint32]uint64 {
+	t.Helper()
+	out := map[uint32]uint64{}
+	var (
+		k uint32
+		v uint64
+	)
+	it := e.lb.Maps()[bpf.LbMapMaglevSwapped].Iterate()
+	for it.Next(&k, &v) {
+		if v != 0 {
+			out[k] = v
+		}
+	}
+	if err := it.Err(); err != nil {
+		t.Fatalf("read maglev_swapped: %v", err)
+	}
+	return out
+}
+
+// synAll sends a SYN per flow and returns where each went.
+func (e *env) synAll(t *testing.T, flows []maglev.Flow) []established {
+	t.Helper()
+	out := make([]established, len(flows))
+	for i, f := range flows {
+		in := e.frame(t, packet(f, true, false, nil))
+		out[i] = established{flow: f, backend: e.checkTX(t, in, e.run(t, in))}
+	}
+	return out
+}
+
+// TestHandshakeHold checks how long a handshake outlives the table its SYN
+// went by. A service's first table replaces none and records no swap. A
+// replaced table keeps the handshakes in flight on their SYN's backend for
+// Config.HandshakeHold; after that, SYNs and first ACKs alike go where the
+// table says (the handshakes map is not read). A restart over pinned maps
+// does not know what the earlier datapath swapped, and holds every
+// service's handshakes as if its table had just been replaced.
+func TestHandshakeHold(t *testing.T) {
+	const hold = 1500 * time.Millisecond
+	for _, fam := range families {
+		t.Run(fam.name, func(t *testing.T) {
+			o := envOptions{handshakeHold: hold, pinPath: pinDir(t, "hold")}
+			e := newEnvWith(t, o)
+			b := fam.backends
+			svc := dsrService("web", fam.vip, 80, lb.TCP, b[0], b[1])
+			e.reconcile(t, svc)
+			if s := e.swapStamps(t); len(s) != 0 {
+				t.Fatalf("a first table recorded swaps %v, want none", s)
+			}
+
+			// Within the hold: the SYNs' choices stand.
+			flows := randomFlows(svc.Frontend, 64, 11)
+			pending := e.synAll(t, flows)
+			svc = dsrService("web", fam.vip, 80, lb.TCP, b[0], b[1], b[2])
+			e.reconcile(t, svc)
+			if s := e.swapStamps(t); len(s) != 1 {
+				t.Fatalf("replacing one table recorded swaps %v, want one", s)
+			}
+			half := len(flows) / 2
+			if len(moved(t, svc, pending[:half])) == 0 || len(moved(t, svc, pending[half:])) == 0 {
+				t.Fatalf("too few handshakes' slots moved to %s: pick more flows", b[2])
+			}
+			for i, c := range e.send(t, svc, flows[:half]) {
+				if c.backend != pending[i].backend {
+					t.Errorf("first ACK %+v within the hold went to %s, its SYN to %s", c.flow, c.backend, pending[i].backend)
+				}
+			}
+
+			// Past it: the table decides, for a retransmitted SYN and
+			// for the first ACK after it.
+			time.Sleep(hold + 300*time.Millisecond)
+			late := flows[half:]
+			for _, c := range e.synAll(t, late) {
+				if want := mustPick(t, svc, c.flow); c.backend != want {
+					t.Errorf("SYN %+v after the hold went to %s, want the table's %s", c.flow, c.backend, want)
+				}
+			}
+			for _, c := range e.send(t, svc, late) {
+				if want := mustPick(t, svc, c.flow); c.backend != want {
+					t.Errorf("first ACK %+v after the hold went to %s, want the table's %s", c.flow, c.backend, want)
+				}
+			}
+
+			// A restart right after a replacement: the new datapath
+			// holds the handshakes the earlier one's swap left in
+			// flight.
+			more := randomFlows(svc.Frontend, 64, 12)
+			pending = e.synAll(t, more)
+			svc = dsrService("web", fam.vip, 80, lb.TCP, b[0], b[2], b[3])
+			e.reconcile(t, svc)
+			if len(moved(t, svc, pending)) == 0 {
+				t.Fatalf("no handshake's slot moved: pick more flows")
+			}
+			time.Sleep(hold + 300*time.Millisecond)
+			e.reload(t, o, svc)
+			for i, c := range e.send(t, svc, more) {
+				want := pending[i].backend
+				if want == b[1] {
+					// Its backend left: balanced by the table.
+					want = mustPick(t, svc, c.flow)
+				}
+				if c.backend != want {
+					t.Errorf("first ACK %+v after a restart went to %s, want %s (its SYN went to %s)", c.flow, c.backend, want, pending[i].backend)
+				}
+			}
+		})
+	}
+}

@@ -96,6 +96,11 @@ type Config struct {
 	// flood of packets of unknown flows cannot evict established ones.
 	// 0 means no limit. l4lbd passes datapath.flow_insert_rate.
 	FlowInsertRate uint32
+	// HandshakeHold is how long after a service's Maglev table is
+	// replaced a TCP packet without a connection entry still follows the
+	// backend its SYN went to (swaps.go); 0 takes DefaultHandshakeHold.
+	// Not a configuration key: tests shorten it.
+	HandshakeHold time.Duration
 	// Object, when set, is a compiled LB object (an ELF file's bytes) to
 	// load instead of the embedded one. It is for measuring a build of
 	// bpf/lb.c against another (`make bench-ab`); it must declare the maps
@@ -161,6 +166,9 @@ type LB struct {
 	nh *nextHops
 	// ctf is the connection table's presence filter (ctfilter.go).
 	ctf *ctFilter
+	// swaps records when each service's Maglev table was replaced
+	// (swaps.go).
+	swaps *tableSwaps
 	// legacy are maps an earlier l4lbd pinned under old names, until
 	// Retire (migrate.go).
 	legacy []legacyMap
@@ -211,6 +219,7 @@ func Load(cfg Config) (*LB, error) {
 	}
 
 	markPinned, ovfPinned := ovfPinsBefore(cfg.PinPath)
+	restart := tablesPinnedBefore(cfg.PinPath)
 	coll, err := newCollection("LB", spec, cfg.PinPath, linkDir)
 	if err != nil {
 		return nil, err
@@ -243,6 +252,10 @@ func Load(cfg Config) (*LB, error) {
 		links:        map[string]link.Link{},
 	}
 	if d.cache, err = newCacheGen(coll.Maps[bpf.LbMapFlowCacheGen]); err != nil {
+		coll.Close()
+		return nil, err
+	}
+	if d.swaps, err = newTableSwaps(coll.Maps[bpf.LbMapMaglevSwapped], restart); err != nil {
 		coll.Close()
 		return nil, err
 	}
@@ -427,6 +440,11 @@ func configure(spec *ebpf.CollectionSpec, cfg Config) error {
 	vars[bpf.LbVarCfgVipFilterMask] = filterWords(cfg.MaxServices) - 1
 	vars[bpf.LbVarCfgHandshakeMask] = handshakeBuckets(cfg.ConntrackMax) - 1
 	vars[bpf.LbVarCfgCtFilterMask] = ctFilterWords(cfg.ConntrackMax) - 1
+	hold := cfg.HandshakeHold
+	if hold <= 0 {
+		hold = DefaultHandshakeHold
+	}
+	vars[bpf.LbVarCfgHandshakeHoldNs] = uint64(hold)
 	for name, v := range vars {
 		vs, ok := spec.Variables[name]
 		if !ok {
@@ -441,6 +459,7 @@ func configure(spec *ebpf.CollectionSpec, cfg Config) error {
 		bpf.LbMapMaglev:        cfg.MaxServices + 1,
 		bpf.LbMapSvcStats:      cfg.MaxServices + 1,
 		bpf.LbMapSvcGen:        cfg.MaxServices + 1,
+		bpf.LbMapMaglevSwapped: cfg.MaxServices + 1,
 		bpf.LbMapVipFilter:     filterWords(cfg.MaxServices),
 		bpf.LbMapBackends:      cfg.MaxBackends + 1,
 		bpf.LbMapBackendStats:  cfg.MaxBackends + 1,

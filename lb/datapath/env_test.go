@@ -12,6 +12,7 @@ import (
 	"net/netip"
 	"os"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/gopacket/gopacket/layers"
@@ -141,6 +142,8 @@ type envOptions struct {
 	// anonNS makes the namespaces anonymous: gone with the process even
 	// when it is killed before its cleanups (the fuzzer's workers).
 	anonNS bool
+	// handshakeHold is datapath.Config.HandshakeHold; 0 takes the default.
+	handshakeHold time.Duration
 }
 
 type xdpMD struct {
@@ -215,6 +218,7 @@ func (e *env) config(o envOptions) datapath.Config {
 		SNATMax:        o.snatMax,
 		ICMPRateLimit:  o.icmpRate,
 		FlowInsertRate: o.insertRate,
+		HandshakeHold:  o.handshakeHold,
 		Netns:          e.ns.Handle(),
 		Log:            slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	}

@@ -282,9 +282,13 @@ func (d *LB) SetTable(svc reconciler.ServiceID, table []reconciler.BackendID) er
 	}
 	defer inner.Close()
 	key := uint32(svc)
+	if err := d.swaps.before([]uint32{key}); err != nil {
+		return fmt.Errorf("swap in Maglev table for service id %d: %w", svc, err)
+	}
 	if err := d.maglev.Update(&key, inner, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("swap in Maglev table for service id %d: %w", svc, err)
 	}
+	d.swaps.after([]uint32{key}, nil, true)
 	d.pinTable(key, inner)
 	return nil
 }
@@ -353,7 +357,7 @@ func (d *LB) SetTables(svcs []reconciler.ServiceID, tables [][]reconciler.Backen
 		keys = append(keys, uint32(svc))
 		inners = append(inners, inner)
 	}
-	swapped := d.swapIn(keys, inners)
+	swapped := d.swapIn(keys, inners, true)
 	for k, err := range swapped {
 		if err != nil {
 			errs[at[k]] = fmt.Errorf("swap in Maglev table for service id %d: %w", keys[k], err)
@@ -385,7 +389,7 @@ func (d *LB) DeleteTables(svcs []reconciler.ServiceID) []error {
 	for i, svc := range svcs {
 		keys[i], inners[i] = uint32(svc), tomb
 	}
-	for i, err := range d.swapIn(keys, inners) {
+	for i, err := range d.swapIn(keys, inners, false) {
 		if err != nil {
 			errs[i] = fmt.Errorf("delete Maglev table of service id %d: %w", svcs[i], err)
 			continue
@@ -396,7 +400,8 @@ func (d *LB) DeleteTables(svcs []reconciler.ServiceID) []error {
 }
 
 // swapIn points the outer map's slot keys[k] at inners[k] for every k with
-// one batch update, and returns one error per slot.
+// one batch update, and returns one error per slot. tables says whether
+// inners are tables or the empty one that stands for none (tableSwaps).
 //
 // The kernel applies a batch entry by entry and stops at the first it
 // cannot apply; the count it returns says how far it got, except when it
@@ -404,11 +409,18 @@ func (d *LB) DeleteTables(svcs []reconciler.ServiceID) []error {
 // So after a failure every slot is read back: a slot holding its new map is
 // done whatever the count says, any other slot was not changed (a single
 // entry is applied whole or not at all).
-func (d *LB) swapIn(keys []uint32, inners []*ebpf.Map) []error {
+func (d *LB) swapIn(keys []uint32, inners []*ebpf.Map, tables bool) []error {
 	errs := make([]error, len(keys))
 	if len(keys) == 0 {
 		return errs
 	}
+	if err := d.swaps.before(keys); err != nil {
+		for k := range errs {
+			errs[k] = err
+		}
+		return errs
+	}
+	defer func() { d.swaps.after(keys, errs, tables) }()
 	fds := make([]uint32, len(inners))
 	for k, m := range inners {
 		fds[k] = uint32(m.FD())
@@ -467,9 +479,13 @@ func (d *LB) holds(key uint32, m *ebpf.Map) (bool, error) {
 // DeleteTable removes the service's table.
 func (d *LB) DeleteTable(svc reconciler.ServiceID) error {
 	key := uint32(svc)
+	if err := d.swaps.before([]uint32{key}); err != nil {
+		return fmt.Errorf("delete Maglev table of service id %d: %w", svc, err)
+	}
 	if err := d.maglev.Delete(&key); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return fmt.Errorf("delete Maglev table of service id %d: %w", svc, err)
 	}
+	d.swaps.after([]uint32{key}, nil, false)
 	return d.unpinTable(key)
 }
 

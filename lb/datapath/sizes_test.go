@@ -56,6 +56,7 @@ var (
 		bpf.LbMapSvcCache:        {size(uint32(0)), size(bpf.LbSvcCacheEntry{})},
 		bpf.LbMapSnatOvfSeen:     {size(uint32(0)), size(uint64(0))},
 		bpf.LbMapCtFilter:        {size(uint32(0)), size(uint32(0))}, // value: an inner map of uint64 words
+		bpf.LbMapMaglevSwapped:   {size(uint32(0)), size(uint64(0))},
 	}
 	// One Maglev chunk: maglevChunk backend ids.
 	maglevInnerLayout = mapLayout{size(uint32(0)), datapath.MaglevChunk * size(uint32(0))}
