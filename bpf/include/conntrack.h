@@ -254,16 +254,18 @@ static __always_inline int select_backend(struct packet *p, const struct svc_val
 			hb = handshake_bucket_of(hash);
 		if (hb) {
 			hs = hb->way[0].hash == hash ? &hb->way[0] : hb->way[1].hash == hash ? &hb->way[1] : NULL;
-			if (hs && hs->svc_id == svc->id && follow < 0)
-				follow = handshakes_matter(svc, now);
-			if (hs && hs->svc_id == svc->id && follow > 0) {
-				id = hs->backend_id;
-				sel->be = backend_of(id, svc->id);
-				if (sel->be) {
-					hb = NULL; /* known: nothing to write */
-					goto chosen;
+			if (hs && hs->svc_id == svc->id) {
+				if (follow < 0)
+					follow = handshakes_matter(svc, now);
+				if (follow > 0) {
+					id = hs->backend_id;
+					sel->be = backend_of(id, svc->id);
+					if (sel->be) {
+						hb = NULL; /* known: nothing to write */
+						goto chosen;
+					}
+					id = 0;
 				}
-				id = 0;
 			}
 		}
 	}

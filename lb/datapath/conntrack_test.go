@@ -254,15 +254,7 @@ func TestHandshakeKeepsBackend(t *testing.T) {
 			svc := dsrService("web", fam.vip, 80, lb.TCP, b[0], b[1])
 			e.reconcile(t, svc)
 			flows := randomFlows(svc.Frontend, 64, 5)
-			syn := func(fs []maglev.Flow) []established {
-				out := make([]established, len(fs))
-				for i, f := range fs {
-					in := e.frame(t, packet(f, true, false, nil))
-					out[i] = established{flow: f, backend: e.checkTX(t, in, e.run(t, in))}
-				}
-				return out
-			}
-			first := syn(flows)
+			first := e.synAll(t, flows)
 			for _, c := range first {
 				if want := mustPick(t, svc, c.flow); c.backend != want {
 					t.Fatalf("SYN %+v went to %s, want the table's choice %s", c.flow, c.backend, want)
@@ -275,7 +267,7 @@ func TestHandshakeKeepsBackend(t *testing.T) {
 			if m := moved(t, svc, first); len(m) == 0 {
 				t.Fatalf("no handshake's slot moved to %s: pick more flows", b[2])
 			}
-			for i, c := range syn(flows) {
+			for i, c := range e.synAll(t, flows) {
 				if c.backend != first[i].backend {
 					t.Errorf("retransmitted SYN %+v went to %s, its first SYN to %s", c.flow, c.backend, first[i].backend)
 				}
@@ -289,7 +281,7 @@ func TestHandshakeKeepsBackend(t *testing.T) {
 			// b[1] leaves: its handshakes follow the new table, the others
 			// stay.
 			others := randomFlows(svc.Frontend, 64, 6)
-			pending := syn(others)
+			pending := e.synAll(t, others)
 			svc = dsrService("web", fam.vip, 80, lb.TCP, b[0], b[2])
 			e.reconcile(t, svc)
 			orphaned := 0
@@ -310,7 +302,7 @@ func TestHandshakeKeepsBackend(t *testing.T) {
 			// A flush forgets handshakes too: after it, a first ACK goes
 			// where the table says, not where its SYN went.
 			third := randomFlows(svc.Frontend, 64, 7)
-			pending = syn(third)
+			pending = e.synAll(t, third)
 			svc = dsrService("web", fam.vip, 80, lb.TCP, b[0], b[2], b[3])
 			e.reconcile(t, svc)
 			if m := moved(t, svc, pending); len(m) == 0 {
@@ -533,8 +525,7 @@ func (e *env) synAll(t *testing.T, flows []maglev.Flow) []established {
 	t.Helper()
 	out := make([]established, len(flows))
 	for i, f := range flows {
-		in := e.frame(t, packet(f, true, false, nil))
-		out[i] = established{flow: f, backend: e.checkTX(t, in, e.run(t, in))}
+		out[i] = established{flow: f, backend: e.synTo(t, f)}
 	}
 	return out
 }

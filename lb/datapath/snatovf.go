@@ -4,8 +4,6 @@ package datapath
 
 import (
 	"fmt"
-	"os"
-	"path/filepath"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -37,14 +35,8 @@ const (
 // mark was pinned and whether overflow tables were (these maps are pinned
 // under their own names).
 func ovfPinsBefore(pinPath string) (mark, tables bool) {
-	if pinPath == "" {
-		return false, false
-	}
-	exists := func(name string) bool {
-		_, err := os.Stat(filepath.Join(pinPath, name))
-		return err == nil
-	}
-	return exists(bpf.LbMapSnatOvfSeen), exists(bpf.LbMapSnatFwdOvf) || exists(bpf.LbMapSnatRevOvf)
+	return pinnedBefore(pinPath, bpf.LbMapSnatOvfSeen),
+		pinnedBefore(pinPath, bpf.LbMapSnatFwdOvf) || pinnedBefore(pinPath, bpf.LbMapSnatRevOvf)
 }
 
 // guardOverflowMark runs in Load, before this datapath's programs run:

@@ -46,10 +46,17 @@ type tableSwaps struct {
 // pinPath before Load creates or adopts it: a restart, whose tables'
 // history this datapath does not know.
 func tablesPinnedBefore(pinPath string) bool {
+	return pinnedBefore(pinPath, bpf.LbMapMaglev)
+}
+
+// pinnedBefore reports whether a map called name is pinned under pinPath
+// ("" pins nothing): asked before Load creates or adopts the maps, it tells
+// a restart over an earlier l4lbd's maps from a first start.
+func pinnedBefore(pinPath, name string) bool {
 	if pinPath == "" {
 		return false
 	}
-	_, err := os.Stat(filepath.Join(pinPath, bpf.LbMapMaglev))
+	_, err := os.Stat(filepath.Join(pinPath, name))
 	return err == nil
 }
 
