@@ -538,7 +538,9 @@ func (e *env) synAll(t *testing.T, flows []maglev.Flow) []established {
 // does not know what the earlier datapath swapped, and holds every
 // service's handshakes as if its table had just been replaced.
 func TestHandshakeHold(t *testing.T) {
-	const hold = 1500 * time.Millisecond
+	// Long enough that the packets sent right after a replacement fall
+	// inside it even on a loaded machine; the test sleeps past it.
+	const hold = 3 * time.Second
 	for _, fam := range families {
 		t.Run(fam.name, func(t *testing.T) {
 			o := envOptions{handshakeHold: hold, pinPath: pinDir(t, "hold")}
