@@ -3,6 +3,7 @@
 #   make            build bin/l4lbd and bin/l4lbctl
 #   make deps       install the Debian packages tests need, mount bpffs (root)
 #   make generate   recompile the BPF C with clang-19 and regenerate the Go bindings
+#   make check      the fast inner loop: gofmt, go vet, staticcheck, go test -short (no root needed)
 #   make test       every test, privileged ones included (run as root; CI runs this)
 #   make lint       go vet + staticcheck
 #   make demo       the demo topology in network namespaces (root)
@@ -33,7 +34,7 @@ GENERATED := $(wildcard bpf/*_bpfel.go bpf/*_bpfel.o)
 export L4LB_PRIVILEGED_TESTS := 1
 TESTFLAGS ?= -count=1 -timeout 30m
 
-.PHONY: all build deps deps-demo deps-compare compare generate check-generate check-tidy kube-tools test test-unit lint demo bench bench-ab fuzz install uninstall deb clean
+.PHONY: all build check deps deps-demo deps-compare compare generate check-generate check-tidy kube-tools test test-unit lint demo bench bench-ab fuzz install uninstall deb clean
 
 all: build
 
@@ -88,6 +89,18 @@ kube-tools:
 check-tidy:
 	@$(GO) mod tidy -diff || { echo "go.mod/go.sum are not tidy: run go mod tidy"; exit 1; }
 	@cd packaging && $(GO) mod tidy -diff || { echo "packaging/go.mod is not tidy: cd packaging && go mod tidy"; exit 1; }
+
+# The fast inner loop, under two minutes with a warm Go cache: formatting,
+# vet, staticcheck and every test that needs neither root, a namespace, a
+# bpffs nor the Consul / kube-apiserver / BIRD binaries (those skip under
+# -short, saying so). The pipeline's and reconciler's table tests run here.
+# .ci/run runs it before `make test`, so that a mistake fails in minutes.
+check:
+	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+	$(GO) tool staticcheck ./...
+	L4LB_PRIVILEGED_TESTS= $(GO) test -short -count=1 ./...
 
 test: deps check-generate check-tidy build $(CONSUL) kube-tools
 	$(GO) vet ./...

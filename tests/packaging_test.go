@@ -49,6 +49,9 @@ func TestInstallPrefix(t *testing.T) {
 // machine with dpkg -i, checks what it installed and that systemd accepts
 // the units, that nothing was enabled or started, and purges it again.
 func TestDebianPackage(t *testing.T) {
+	if testing.Short() {
+		t.Skip("skipping in -short mode (make check): installs a package; make test runs it")
+	}
 	if os.Geteuid() != 0 {
 		if os.Getenv("L4LB_PRIVILEGED_TESTS") != "" {
 			t.Fatal("installing the package needs root; run make test as root")

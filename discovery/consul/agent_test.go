@@ -23,6 +23,9 @@ const privilegedEnv = "L4LB_PRIVILEGED_TESTS"
 // consulBinary finds the Consul v1.14.11 agent built by `make bin/consul`.
 func consulBinary(t *testing.T) string {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("skipping in -short mode (make check): runs a Consul agent; make test runs it")
+	}
 	if p := os.Getenv("L4LB_CONSUL_BIN"); p != "" {
 		if _, err := os.Stat(p); err != nil {
 			t.Fatalf("L4LB_CONSUL_BIN=%s: %v", p, err)

@@ -29,6 +29,7 @@ const (
 // (testnet.PrivilegedEnv), where scripts/deps.sh installs it.
 func Require(t testnet.TB) {
 	t.Helper()
+	testnet.SkipShort(t, "runs BIRD")
 	for _, p := range []string{birdPath, birdcPath} {
 		if _, err := os.Stat(p); err != nil {
 			msg := fmt.Sprintf("%s not found: install Debian's bird2 (scripts/deps.sh test does)", p)

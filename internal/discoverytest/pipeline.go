@@ -46,8 +46,8 @@ func Pipelines(t testing.TB, defs lb.Defaults) []*Pipeline {
 	fake := reconcilertest.NewFake()
 	pipes := []*Pipeline{{Name: "fake datapath", Merger: discovery.NewMerger(), Rec: reconciler.New(rcfg, fake, nil), Defaults: defs,
 		State: func() (reconciler.State, error) { return fake.State(), nil }}}
-	if os.Geteuid() != 0 {
-		t.Log("not root: timing the fake datapath only")
+	if os.Geteuid() != 0 || testing.Short() {
+		t.Log("not root, or -short: timing the fake datapath only")
 		return pipes
 	}
 	dp, err := datapath.Load(datapath.Config{Seed: seed, MaxServices: 64, MaxBackends: 256, ConntrackMax: 4096,

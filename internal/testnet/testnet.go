@@ -24,6 +24,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"testing"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -47,6 +48,7 @@ const PrivilegedEnv = "L4LB_PRIVILEGED_TESTS"
 // privileged test suite was requested, in which case it fails.
 func RequireRoot(t TB) {
 	t.Helper()
+	SkipShort(t, "needs root for BPF and network namespaces")
 	if os.Geteuid() == 0 {
 		return
 	}
@@ -54,6 +56,17 @@ func RequireRoot(t TB) {
 		t.Fatalf("this test needs root (BPF, network namespaces) and %s is set: run `make test` as root", PrivilegedEnv)
 	}
 	t.Skipf("skipping: needs root for BPF and network namespaces (run `make test` as root)")
+}
+
+// SkipShort skips the test under `go test -short` (`make check`, the fast
+// inner loop), saying why: that loop runs as root in CI too, but runs no
+// test that needs the kernel, a namespace or an external binary, so that a
+// mistake in pure Go code fails in seconds. `make test` runs them all.
+func SkipShort(t TB, why string) {
+	t.Helper()
+	if testing.Testing() && testing.Short() {
+		t.Skipf("skipping in -short mode (make check): %s; make test runs it", why)
+	}
 }
 
 // NS is a network namespace created for one test.

@@ -157,6 +157,7 @@ func newEnv(t *testing.T) *env { return newEnvWith(t, envOptions{}) }
 // test ends.
 func pinDir(t testing.TB, name string) string {
 	t.Helper()
+	testnet.RequireRoot(t)
 	dir, err := os.MkdirTemp("/sys/fs/bpf", "l4lb-"+name+"-test-")
 	if err != nil {
 		t.Fatalf("bpffs directory: %v", err)

@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/l4lb/l4lb/internal/testnet"
 	"github.com/l4lb/l4lb/tests/topo"
 )
 
@@ -750,6 +751,7 @@ func TestConfigDiffAndFlowGuard(t *testing.T) {
 // cannot see into a root-only bpffs directory, gets a warning for that
 // check and the verdict of all the others, not a permission error.
 func TestConfigCheckAsUser(t *testing.T) {
+	testnet.RequireRoot(t)
 	root, err := os.MkdirTemp("/sys/fs/bpf", "l4lb-e2e-private-")
 	if err != nil {
 		t.Fatal(err)

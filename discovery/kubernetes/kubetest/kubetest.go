@@ -61,6 +61,9 @@ const privilegedEnv = "L4LB_PRIVILEGED_TESTS"
 // the test fails under `make test` and is skipped otherwise.
 func Binaries(t testing.TB) (apiserver, etcd string) {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("skipping in -short mode (make check): runs kube-apiserver and etcd; make test runs them")
+	}
 	apiserver, etcd = os.Getenv("L4LB_KUBE_APISERVER"), os.Getenv("L4LB_ETCD")
 	if apiserver == "" || etcd == "" {
 		root, err := moduleRoot()
