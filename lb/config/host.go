@@ -9,6 +9,8 @@ import (
 	"maps"
 	"net/netip"
 	"slices"
+
+	"github.com/l4lb/l4lb/lb"
 )
 
 // Host is what the checks that depend on the machine know of it. Parse
@@ -127,21 +129,27 @@ func (c *checker) hostAddresses(raw *rawFile, cfg *Config, h *Host) {
 		if i >= len(raw.Service) || !svc.Frontend.Addr.IsValid() {
 			continue
 		}
-		sc := scope{c: c, path: indexPath("service", i), service: serviceLabel(&raw.Service[i], i)}
-		vip := svc.Frontend.Addr
-		for _, a := range h.Addresses {
-			switch {
-			case a.Prefix.Addr().Unmap() == vip:
-				sc.errorf("vip", "vip %s is an address of this box (%s): l4lb would take over %s on it for every client, ssh included; use an address the box does not hold (l4lb answers for a VIP without it being configured)",
-					vip, a.Interface, svc.Frontend.Proto.String()+" port "+fmt.Sprint(svc.Frontend.Port))
-			case vip.Is4() && a.Prefix.Addr().Is4() && a.Prefix.Bits() < 31 && vip == broadcast(a.Prefix):
-				sc.errorf("vip", "vip %s is the broadcast address of %s on %s: use a unicast address", vip, a.Prefix.Masked(), a.Interface)
-			default:
-				continue
-			}
-			break
+		if format, args := vipHostProblem(svc.Frontend, h); format != "" {
+			sc := scope{c: c, path: indexPath("service", i), service: serviceLabel(&raw.Service[i], i)}
+			sc.errorf("vip", format, args...)
 		}
 	}
+}
+
+// vipHostProblem says why the box cannot serve fe's VIP, as a message
+// format and its arguments; "" when it can.
+func vipHostProblem(fe lb.Frontend, h *Host) (string, []any) {
+	vip := fe.Addr
+	for _, a := range h.Addresses {
+		switch {
+		case a.Prefix.Addr().Unmap() == vip:
+			return "vip %s is an address of this box (%s): l4lb would take over %s on it for every client, ssh included; use an address the box does not hold (l4lb answers for a VIP without it being configured)",
+				[]any{vip, a.Interface, fe.Proto.String() + " port " + fmt.Sprint(fe.Port)}
+		case vip.Is4() && a.Prefix.Addr().Is4() && a.Prefix.Bits() < 31 && vip == broadcast(a.Prefix):
+			return "vip %s is the broadcast address of %s on %s: use a unicast address", []any{vip, a.Prefix.Masked(), a.Interface}
+		}
+	}
+	return "", nil
 }
 
 // hostPools refuses Kubernetes pools that hold one of the box's own

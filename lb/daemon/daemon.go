@@ -55,7 +55,10 @@ type Daemon struct {
 	log     *slog.Logger
 	started time.Time
 
-	cfg       *config.Config // last good configuration; control loop only
+	cfg *config.Config // last good configuration; control loop only
+	// parser re-reads the file on reloads, decoding only the service
+	// blocks that changed; control loop only.
+	parser    *config.Parser
 	dp        *datapath.LB
 	rec       *reconciler.Reconciler
 	merger    *discovery.Merger
@@ -107,6 +110,10 @@ type Daemon struct {
 	// restart (keepRunning).
 	pending []string
 
+	// index is the last pass's index of what the datapath holds, which
+	// the next pass updates; control loop only (views share it, read-only).
+	index map[lb.Frontend]*programmedService
+
 	// localAddrs are the box's own addresses, as of the last (re)load,
 	// by address; control loop only. Empty without host checks.
 	localAddrs map[netip.Addr]string
@@ -139,9 +146,10 @@ func New(opts Options) (*Daemon, error) {
 		opts.Log = slog.Default()
 	}
 	cfg := opts.Initial
+	parser := config.NewParser()
 	if cfg == nil {
 		var err error
-		if cfg, err = config.Load(opts.ConfigPath, opts.Config); err != nil {
+		if cfg, err = parser.Load(opts.ConfigPath, opts.Config); err != nil {
 			return nil, err
 		}
 	}
@@ -150,6 +158,7 @@ func New(opts Options) (*Daemon, error) {
 		log:        opts.Log,
 		started:    time.Now(),
 		cfg:        cfg,
+		parser:     parser,
 		merger:     discovery.NewMerger(),
 		file:       file.New(opts.ConfigPath),
 		snaps:      make(chan discovery.Snapshot, 16),
@@ -492,7 +501,9 @@ func (d *Daemon) doReload() error {
 		// The box may have changed since the last load (addresses).
 		opts.Host = HostFacts()
 	}
-	cfg, err := config.Load(d.opts.ConfigPath, opts)
+	cfg, err := d.parser.Load(d.opts.ConfigPath, opts)
+	st := d.parser.Stats()
+	d.log.Debug("configuration file parsed", "services", st.Blocks, "decoded", st.Decoded, "whole", st.Whole, "why", st.Why)
 	if err != nil {
 		d.rejected(err)
 		return err
@@ -678,9 +689,11 @@ func (d *Daemon) apply() error {
 	if err != nil {
 		d.log.Error("reconcile failed; retrying", "error", err)
 	}
-	state := d.rec.Programmed()
+	// Only what this pass changed is copied and indexed again.
+	state, changed := d.rec.View()
 	d.reportProgrammed(state)
-	index := indexProgrammed(d.cfg.Maglev.Seed, state, programmed)
+	index := updateIndex(d.index, d.cfg.Maglev.Seed, state, changed, programmed)
+	d.index = index
 	// Probe every backend that has an entry, healthy or not: a backend
 	// that failed must be able to come back.
 	d.health.Update(desired, healthTargets(index))

@@ -331,13 +331,19 @@ func sizedSpec(cfg Config) (*ebpf.CollectionSpec, int, error) {
 }
 
 // lbSpec is the LB object to load: obj when given, else the embedded one.
+// embeddedSpec parses the embedded object once: every reload's memory
+// estimate (config host checks) asks for it, and parsing the ELF costs
+// milliseconds.
+var embeddedSpec = sync.OnceValues(bpf.LoadLb)
+
 func lbSpec(obj []byte) (*ebpf.CollectionSpec, error) {
 	if obj == nil {
-		spec, err := bpf.LoadLb()
+		spec, err := embeddedSpec()
 		if err != nil {
 			return nil, fmt.Errorf("datapath: read embedded LB object: %w", err)
 		}
-		return spec, nil
+		// Callers size and rewrite the spec: each gets its own copy.
+		return spec.Copy(), nil
 	}
 	spec, err := ebpf.LoadCollectionSpecFromReader(bytes.NewReader(obj))
 	if err != nil {

@@ -103,6 +103,14 @@ type Reconciler struct {
 	orphans []*service
 	gen     uint64
 
+	// view is the programmed services by frontend as View last returned
+	// them: shared with its callers, so never written, only replaced.
+	// touched are the frontends a pass may have changed since, and
+	// viewAll is set until the first View.
+	view    []ServiceState
+	touched map[lb.Frontend]struct{}
+	viewAll bool
+
 	builder maglev.Builder
 
 	// keepUnclaimed leaves programmed services that desired does not name
@@ -226,6 +234,8 @@ func New(cfg Config, dp Datapath, log *slog.Logger) *Reconciler {
 		maxServices: chunkServices,
 		names:       make(map[string]int),
 		fresh:       make(map[lb.Frontend]int),
+		touched:     make(map[lb.Frontend]struct{}),
+		viewAll:     true,
 	}
 }
 
@@ -314,6 +324,12 @@ func (r *Reconciler) Reconcile(desired []lb.Service) error {
 			}
 		}
 		slices.SortFunc(gone[n:], func(a, b *service) int { return a.fe.Compare(b.fe) })
+	}
+	for _, v := range gone {
+		r.touched[v.fe] = struct{}{}
+	}
+	for _, d := range work {
+		r.touched[d.Frontend] = struct{}{}
 	}
 	if len(gone) > 0 {
 		r.removeAll(gone)

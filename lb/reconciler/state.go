@@ -54,7 +54,7 @@ func (r *Reconciler) Programmed() State {
 	defer r.mu.Unlock()
 	var st State
 	for _, v := range r.services {
-		if s := v.state(); s.HasEntry || s.HasTable || len(s.Backends) > 0 {
+		if s := v.state(); s.listed() {
 			st.Services = append(st.Services, s)
 		}
 	}
@@ -64,6 +64,62 @@ func (r *Reconciler) Programmed() State {
 	}
 	return st
 }
+
+// View returns what Programmed returns, and the frontends whose state may
+// differ from the last View's (every one on the first call). Unlike
+// Programmed it copies only what changed: the services it returns share
+// their memory with the reconciler's later views, so the caller must not
+// modify them. A pass that changed one service makes the next View cost
+// that service's copy and a copy of the list, not a copy of every table.
+func (r *Reconciler) View() (State, []lb.Frontend) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var changed []lb.Frontend
+	switch {
+	case r.viewAll:
+		var view []ServiceState
+		for fe, v := range r.services {
+			changed = append(changed, fe)
+			if s := v.state(); s.listed() {
+				view = append(view, s)
+			}
+		}
+		slices.SortFunc(view, func(a, b ServiceState) int { return a.Service.Frontend.Compare(b.Service.Frontend) })
+		r.view, r.viewAll = view, false
+	case len(r.touched) > 0:
+		view := slices.Clone(r.view)
+		for fe := range r.touched {
+			changed = append(changed, fe)
+			i, found := slices.BinarySearchFunc(view, fe, func(s ServiceState, fe lb.Frontend) int { return s.Service.Frontend.Compare(fe) })
+			var s ServiceState
+			if v := r.services[fe]; v != nil {
+				s = v.state()
+			}
+			switch {
+			case found && s.listed():
+				view[i] = s
+			case found:
+				view = slices.Delete(view, i, i+1)
+			case s.listed():
+				view = slices.Insert(view, i, s)
+			}
+		}
+		r.view = view
+	}
+	clear(r.touched)
+	st := State{Services: r.view}
+	if len(r.orphans) > 0 {
+		st.Services = slices.Clip(st.Services)
+		for _, o := range r.orphans {
+			st.Services = append(st.Services, o.state())
+		}
+	}
+	return st, changed
+}
+
+// listed reports whether a service has anything in the datapath, and so a
+// place in State.
+func (s ServiceState) listed() bool { return s.HasEntry || s.HasTable || len(s.Backends) > 0 }
 
 func (v *service) state() ServiceState {
 	s := ServiceState{ID: v.id, HasEntry: v.hasEntry, HasTable: v.hasTable}

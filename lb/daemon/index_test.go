@@ -1,0 +1,77 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package daemon
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"reflect"
+	"testing"
+
+	"github.com/l4lb/l4lb/lb"
+	"github.com/l4lb/l4lb/lb/maglev"
+	"github.com/l4lb/l4lb/lb/reconciler"
+	"github.com/l4lb/l4lb/lb/reconciler/reconcilertest"
+)
+
+// TestUpdateIndexIsFullIndex: over random passes (services added,
+// removed, backends changed in address, weight and state), the index a
+// pass updates from the last one is the index built from nothing, and the
+// last pass's index is never modified.
+func TestUpdateIndexIsFullIndex(t *testing.T) {
+	seed := maglev.Seed{9}
+	rec := reconciler.New(reconciler.Config{Seed: seed, MaxServices: 40, MaxBackends: 400}, reconcilertest.NewFake(), nil)
+	rng := rand.New(rand.NewPCG(1, 2))
+	desired := map[int]lb.Service{}
+	var idx map[lb.Frontend]*programmedService
+	for pass := range 200 {
+		for range rng.IntN(3) + 1 {
+			i := rng.IntN(30)
+			if rng.IntN(4) == 0 {
+				delete(desired, i)
+				continue
+			}
+			s := lb.Service{Name: fmt.Sprintf("s%d", i), Frontend: lb.Frontend{Addr: netip.AddrFrom4([4]byte{10, 0, 0, byte(i + 1)}), Port: 80, Proto: lb.TCP},
+				Mode: lb.ModeSNAT, TableSize: 13}
+			for j := range rng.IntN(5) {
+				s.Backends = append(s.Backends, lb.Backend{Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 1, byte(i), byte(j + 1)}), 80),
+					Weight: uint32(rng.IntN(3)), State: lb.BackendState(rng.IntN(3))})
+			}
+			desired[i] = s
+		}
+		var list []lb.Service
+		for i := range 30 {
+			if s, ok := desired[i]; ok {
+				list = append(list, s)
+			}
+		}
+		if err := rec.Reconcile(list); err != nil {
+			t.Fatalf("pass %d: %v", pass, err)
+		}
+		st, changed := rec.View()
+		before := deref(idx)
+		next := updateIndex(idx, seed, st, changed, list)
+		if !reflect.DeepEqual(deref(idx), before) {
+			t.Fatalf("pass %d: the last pass's index was modified", pass)
+		}
+		var all []lb.Frontend
+		for _, s := range st.Services {
+			all = append(all, s.Service.Frontend)
+		}
+		full := updateIndex(nil, seed, rec.Programmed(), all, list)
+		if !reflect.DeepEqual(next, full) {
+			t.Fatalf("pass %d: updated index differs from the full one:\n%v\n%v", pass, next, full)
+		}
+		idx = next
+	}
+}
+
+// deref copies an index's entries, to see later whether any was modified.
+func deref(idx map[lb.Frontend]*programmedService) map[lb.Frontend]programmedService {
+	out := map[lb.Frontend]programmedService{}
+	for fe, ps := range idx {
+		out[fe] = *ps
+	}
+	return out
+}
