@@ -96,6 +96,10 @@ type claim struct {
 // daemon's control loop owns it.
 type Merger struct {
 	snapshots map[string]Snapshot
+	// live are the frontends of each source's services by name, made
+	// when its snapshot arrives (replaced, never modified) rather than
+	// for every source on every Desired.
+	live      map[string]map[string]lb.Frontend
 	frontends map[lb.Frontend]claim
 	names     map[string]claim
 	seq       uint64
@@ -105,6 +109,7 @@ type Merger struct {
 func NewMerger() *Merger {
 	return &Merger{
 		snapshots: map[string]Snapshot{},
+		live:      map[string]map[string]lb.Frontend{},
 		frontends: map[lb.Frontend]claim{},
 		names:     map[string]claim{},
 	}
@@ -120,29 +125,30 @@ func (m *Merger) Update(s Snapshot) {
 		}
 	}
 	m.snapshots[s.Source] = Snapshot{Source: s.Source, Services: svcs}
+	names := make(map[string]lb.Frontend, len(svcs))
+	for _, svc := range svcs {
+		names[svc.Name] = svc.Frontend
+	}
+	m.live[s.Source] = names
 }
 
 // Clone returns an independent copy of m, for asking what Desired would
 // return after an Update without making it (a preview of a change).
 func (m *Merger) Clone() *Merger {
-	return &Merger{snapshots: maps.Clone(m.snapshots), frontends: maps.Clone(m.frontends), names: maps.Clone(m.names), seq: m.seq}
+	return &Merger{snapshots: maps.Clone(m.snapshots), live: maps.Clone(m.live), frontends: maps.Clone(m.frontends), names: maps.Clone(m.names), seq: m.seq}
 }
 
 // Remove forgets a source (it stopped, or was removed from the config).
-func (m *Merger) Remove(source string) { delete(m.snapshots, source) }
+func (m *Merger) Remove(source string) {
+	delete(m.snapshots, source)
+	delete(m.live, source)
+}
 
 // Desired returns the merged services, sorted by frontend, and the
 // conflicts that kept services out.
 func (m *Merger) Desired() ([]lb.Service, []Conflict) {
 	// Release claims that their source no longer makes.
-	live := map[string]map[string]lb.Frontend{} // source -> name -> frontend
-	for src, snap := range m.snapshots {
-		names := map[string]lb.Frontend{}
-		for _, svc := range snap.Services {
-			names[svc.Name] = svc.Frontend
-		}
-		live[src] = names
-	}
+	live := m.live
 	for fe, c := range m.frontends {
 		if got, ok := live[c.source][c.service]; !ok || got != fe {
 			delete(m.frontends, fe)

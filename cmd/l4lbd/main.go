@@ -58,12 +58,13 @@ func root() *cobra.Command {
 				return errors.New("--force only applies to --cleanup")
 			}
 			opts.Host = daemon.HostFacts()
-			cfg, err := config.Load(path, opts)
+			parser := config.NewParser()
+			cfg, err := parser.Load(path, opts)
 			if err != nil {
 				return err
 			}
 			log := newLogger(cfg.Daemon.LogLevel)
-			d, err := daemon.New(daemon.Options{ConfigPath: path, Config: opts, Log: log, Initial: cfg})
+			d, err := daemon.New(daemon.Options{ConfigPath: path, Config: opts, Log: log, Initial: cfg, Parser: parser})
 			if err != nil {
 				return err
 			}

@@ -47,6 +47,10 @@ type Options struct {
 	Log        *slog.Logger
 	// Initial, when set, is the already loaded configuration of ConfigPath.
 	Initial *config.Config
+	// Parser, when set, is the parser that loaded Initial: what it kept
+	// of the file's service blocks spares the first reload decoding them
+	// all again.
+	Parser *config.Parser
 }
 
 // Daemon is a running l4lbd.
@@ -146,7 +150,10 @@ func New(opts Options) (*Daemon, error) {
 		opts.Log = slog.Default()
 	}
 	cfg := opts.Initial
-	parser := config.NewParser()
+	parser := opts.Parser
+	if parser == nil {
+		parser = config.NewParser()
+	}
 	if cfg == nil {
 		var err error
 		if cfg, err = parser.Load(opts.ConfigPath, opts.Config); err != nil {

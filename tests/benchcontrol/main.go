@@ -5,7 +5,9 @@
 // in a namespace serves N services of B backends from its file; one
 // backend of one service is replaced in the file and `l4lbctl reload`'s
 // request (which returns once the change is programmed, or rejected) is
-// timed, C times. It reports the latency's p50 and p99, the CPU l4lbd spent
+// timed, C times; then one backend of another service is drained and
+// enabled again by runtime override (`l4lbctl backend drain|enable`, which
+// also returns once programmed), C times. It reports the latency's p50 and p99, the CPU l4lbd spent
 // per change (from /proc: user + system, over all changes), and the
 // daemon's start-up time and resident memory at each size.
 //
@@ -18,6 +20,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -26,6 +29,7 @@ import (
 	"time"
 
 	"github.com/l4lb/l4lb/internal/testnet"
+	"github.com/l4lb/l4lb/lb/api"
 	"github.com/l4lb/l4lb/tests/topo"
 )
 
@@ -89,12 +93,13 @@ func main() {
 		os.Exit(1)
 	}
 	fmt.Printf("One backend of one service replaced in the file, then `l4lbctl reload` (returns once programmed); %d changes per run, table_size %d, %d backends per service.\n\n", *changes, *tableSize, *backends)
-	fmt.Println("| services | l4lbd | reload p50 | reload p99 | CPU per change | start-up | RSS |")
-	fmt.Println("|---|---|---|---|---|---|---|")
+	fmt.Println("| services | l4lbd | reload p50 | reload p99 | CPU per reload | override p50 | override p99 | CPU per override | start-up | RSS |")
+	fmt.Println("|---|---|---|---|---|---|---|---|---|---|")
 	for si, n := range counts {
 		for bi := range binList {
 			for _, res := range results[[2]int{si, bi}] {
-				fmt.Printf("| %d | %s | %s | %s | %s | %s | %d MiB |\n", n, label[bi], ms(res.p50), ms(res.p99), ms(res.cpu), res.start.Round(100*time.Millisecond), res.rss>>20)
+				fmt.Printf("| %d | %s | %s | %s | %s | %s | %s | %s | %s | %d MiB |\n", n, label[bi], ms(res.reload.p50), ms(res.reload.p99), ms(res.reload.cpu),
+					ms(res.override.p50), ms(res.override.p99), ms(res.override.cpu), res.start.Round(100*time.Millisecond), res.rss>>20)
 			}
 		}
 	}
@@ -102,10 +107,37 @@ func main() {
 
 // run is one binary at one size.
 type run struct {
+	reload, override timing
+	start            time.Duration
+	rss              uint64
+}
+
+// timing is one kind of change, timed C times.
+type timing struct {
 	p50, p99 time.Duration
 	cpu      time.Duration // per change
-	start    time.Duration
-	rss      uint64
+}
+
+// timeChanges makes changes changes with change(i), each returning once
+// it is in force, and times them and l4lbd's CPU (process pid). prepare(i),
+// when not nil, runs before each, untimed.
+func timeChanges(pid, changes int, prepare, change func(i int)) timing {
+	var lat []time.Duration
+	cpu0 := cpuTime(pid)
+	for i := range changes {
+		if prepare != nil {
+			prepare(i)
+		}
+		s := time.Now()
+		change(i)
+		lat = append(lat, time.Since(s))
+	}
+	var tm timing
+	tm.cpu = (cpuTime(pid) - cpu0) / time.Duration(changes)
+	slices.Sort(lat)
+	tm.p50 = lat[len(lat)/2]
+	tm.p99 = lat[min(len(lat)-1, len(lat)*99/100)]
+	return tm
 }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d)/float64(time.Millisecond)) }
@@ -121,22 +153,27 @@ func measure(tp *topo.Topology, h *topo.Host, bin string, n, backends, tableSize
 	res.start = time.Since(t0)
 	pid := d.Pid()
 	res.rss = rss(pid)
-	var lat []time.Duration
-	cpu0 := cpuTime(pid)
 	ctx := context.Background()
-	for i := range changes {
+	// The file is written before the clock starts: what is timed is
+	// l4lbd's part, as `l4lbctl reload` sees it.
+	res.reload = timeChanges(pid, changes, func(i int) {
 		d.WriteConfig(config(n, backends, tableSize, i))
-		s := time.Now()
+	}, func(i int) {
 		rl, err := d.API().Reload(ctx)
 		if err != nil || !rl.OK {
 			t.Fatalf("reload %d: %v %s\n%s", i, err, rl.Error, d.Log())
 		}
-		lat = append(lat, time.Since(s))
-	}
-	res.cpu = (cpuTime(pid) - cpu0) / time.Duration(changes)
-	slices.Sort(lat)
-	res.p50 = lat[len(lat)/2]
-	res.p99 = lat[min(len(lat)-1, len(lat)*99/100)]
+	})
+	svc, addr := n/4, backendAddr(n/4*backends+1)
+	res.override = timeChanges(pid, changes, nil, func(i int) {
+		action := api.ActionDrain
+		if i%2 == 1 {
+			action = api.ActionEnable
+		}
+		if err := d.API().Backend(ctx, fmt.Sprintf("s%d", svc), addr, action); err != nil {
+			t.Fatalf("override %d: %v\n%s", i, err, d.Log())
+		}
+	})
 	if err := d.Stop(); err != nil {
 		t.Fatalf("stop l4lbd: %v", err)
 	}
@@ -144,6 +181,12 @@ func measure(tp *topo.Topology, h *topo.Host, bin string, n, backends, tableSize
 		t.Fatalf("l4lbd --cleanup: %v\n%s", err, out)
 	}
 	return res
+}
+
+// backendAddr is the k-th backend of the file: an address on the
+// topology's segment and a port that makes it unique.
+func backendAddr(k int) netip.AddrPort {
+	return netip.AddrPortFrom(netip.MustParseAddr(fmt.Sprintf("%s%d", topo.Prefix4, 100+k%100)), uint16(1000+k/100))
 }
 
 // config renders n services of b backends each on the topology's segment
@@ -172,11 +215,12 @@ table_size = %d
 		fmt.Fprintf(&s, "\n[[service]]\nname = \"s%d\"\nvip = \"10.%d.%d.%d\"\nport = 80\nprotocol = \"tcp\"\n", i, 200+i/65536, i/256%256, i%256)
 		for j := range b {
 			k := i*b + j
-			addr, port := fmt.Sprintf("%s%d", topo.Prefix4, 100+k%100), 1000+k/100
+			a := backendAddr(k)
+			port := a.Port()
 			if i == n/2 && j == 0 && change >= 0 {
-				port = 60000 + change%5000
+				port = 60000 + uint16(change%5000)
 			}
-			fmt.Fprintf(&s, "[[service.backend]]\naddress = \"%s\"\nport = %d\n", addr, port)
+			fmt.Fprintf(&s, "[[service.backend]]\naddress = \"%s\"\nport = %d\n", a.Addr(), port)
 		}
 	}
 	return s.String()
