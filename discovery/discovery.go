@@ -103,6 +103,14 @@ type Merger struct {
 	frontends map[lb.Frontend]claim
 	names     map[string]claim
 	seq       uint64
+
+	// merged and conflicts are the last merge, valid while fresh: no
+	// snapshot changed since. A pass that changes no snapshot (a health
+	// flip, an override) then costs a copy of the merge, not a merge.
+	// merged shares memory with the snapshots: never written.
+	merged    []lb.Service
+	conflicts []Conflict
+	fresh     bool
 }
 
 // NewMerger returns an empty merger.
@@ -130,23 +138,53 @@ func (m *Merger) Update(s Snapshot) {
 		names[svc.Name] = svc.Frontend
 	}
 	m.live[s.Source] = names
+	m.fresh = false
 }
 
 // Clone returns an independent copy of m, for asking what Desired would
 // return after an Update without making it (a preview of a change).
 func (m *Merger) Clone() *Merger {
-	return &Merger{snapshots: maps.Clone(m.snapshots), live: maps.Clone(m.live), frontends: maps.Clone(m.frontends), names: maps.Clone(m.names), seq: m.seq}
+	return &Merger{snapshots: maps.Clone(m.snapshots), live: maps.Clone(m.live), frontends: maps.Clone(m.frontends), names: maps.Clone(m.names), seq: m.seq,
+		merged: m.merged, conflicts: m.conflicts, fresh: m.fresh}
 }
 
 // Remove forgets a source (it stopped, or was removed from the config).
 func (m *Merger) Remove(source string) {
 	delete(m.snapshots, source)
 	delete(m.live, source)
+	m.fresh = false
 }
 
 // Desired returns the merged services, sorted by frontend, and the
-// conflicts that kept services out.
+// conflicts that kept services out. Both are the caller's to modify.
 func (m *Merger) Desired() ([]lb.Service, []Conflict) {
+	m.merge()
+	out := make([]lb.Service, len(m.merged))
+	for i, svc := range m.merged {
+		out[i] = svc.Clone()
+	}
+	if len(out) == 0 {
+		out = nil
+	}
+	return out, slices.Clone(m.conflicts)
+}
+
+// Service returns the merged service named name, if one is.
+func (m *Merger) Service(name string) (lb.Service, bool) {
+	m.merge()
+	for _, svc := range m.merged {
+		if svc.Name == name {
+			return svc.Clone(), true
+		}
+	}
+	return lb.Service{}, false
+}
+
+// merge brings merged and conflicts up to date with the snapshots.
+func (m *Merger) merge() {
+	if m.fresh {
+		return
+	}
 	// Release claims that their source no longer makes.
 	live := m.live
 	for fe, c := range m.frontends {
@@ -192,10 +230,10 @@ func (m *Merger) Desired() ([]lb.Service, []Conflict) {
 				m.seq++
 				m.names[svc.Name] = claim{source: src, service: svc.Name, seq: m.seq}
 			}
-			out = append(out, svc.Clone())
+			out = append(out, svc)
 		}
 	}
 	slices.SortFunc(out, func(a, b lb.Service) int { return a.Frontend.Compare(b.Frontend) })
 	slices.SortFunc(conflicts, func(a, b Conflict) int { return strings.Compare(a.String(), b.String()) })
-	return out, conflicts
+	m.merged, m.conflicts, m.fresh = out, conflicts, true
 }

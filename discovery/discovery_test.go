@@ -112,3 +112,37 @@ func TestMergerSameFrontendChangedBySameSource(t *testing.T) {
 		t.Fatalf("%v %v", names(got), conflicts)
 	}
 }
+
+// TestMergerReusesMerge: Desired without a new snapshot in between gives
+// the same result from the last merge; Update, Remove and Clone+Update each
+// merge again, and the clone's merge leaves the original's alone.
+func TestMergerReusesMerge(t *testing.T) {
+	m := NewMerger()
+	m.Update(Snapshot{Source: "a", Services: []lb.Service{svc("web", "10.0.0.1", 80)}})
+	m.Update(Snapshot{Source: "b", Services: []lb.Service{svc("dup", "10.0.0.1", 80), svc("dns", "10.0.0.3", 53)}})
+	first, c1 := m.Desired()
+	first[0].Backends[0].Weight = 5
+	c1[0].Service = "changed"
+	second, c2 := m.Desired()
+	if !slices.Equal(names(second), []string{"a/web", "b/dns"}) || second[0].Backends[0].Weight != 1 || len(c2) != 1 || c2[0].Service != "dup" {
+		t.Fatalf("second Desired: %v %v", names(second), c2)
+	}
+	if s, ok := m.Service("dns"); !ok || s.Frontend.Port != 53 {
+		t.Fatalf("Service(dns) = %v, %t", s, ok)
+	}
+	if _, ok := m.Service("dup"); ok {
+		t.Fatal("Service returned a service left out by a conflict")
+	}
+	preview := m.Clone()
+	preview.Update(Snapshot{Source: "a", Services: nil})
+	if got, _ := preview.Desired(); !slices.Equal(names(got), []string{"b/dup", "b/dns"}) {
+		t.Fatalf("clone after update: %v", names(got))
+	}
+	if got, _ := m.Desired(); !slices.Equal(names(got), []string{"a/web", "b/dns"}) {
+		t.Fatalf("original after the clone's update: %v", names(got))
+	}
+	m.Remove("b")
+	if got, conflicts := m.Desired(); !slices.Equal(names(got), []string{"a/web"}) || len(conflicts) != 0 {
+		t.Fatalf("after Remove: %v %v", names(got), conflicts)
+	}
+}

@@ -127,23 +127,12 @@ func (o *overrides) prune(seen map[overrideKey]bool) bool {
 // override is programmed when the call returns.
 func (d *Daemon) Backend(ctx context.Context, service string, backend netip.AddrPort, action api.BackendAction) error {
 	return d.do(ctx, func() error {
-		found := false
-		merged, _ := d.merger.Desired()
-		for _, svc := range merged {
-			if svc.Name != service {
-				continue
-			}
-			for _, b := range svc.Backends {
-				if b.Addr == backend {
-					found = true
-				}
-			}
-			if !found {
-				return fmt.Errorf("service %q has no backend %s: %w", service, backend, api.ErrNotFound)
-			}
-		}
-		if !found {
+		svc, ok := d.merger.Service(service)
+		if !ok {
 			return fmt.Errorf("no service %q: %w", service, api.ErrNotFound)
+		}
+		if !slices.ContainsFunc(svc.Backends, func(b lb.Backend) bool { return b.Addr == backend }) {
+			return fmt.Errorf("service %q has no backend %s: %w", service, backend, api.ErrNotFound)
 		}
 		k := overrideKey{Service: service, Backend: backend}
 		switch action {
