@@ -52,6 +52,15 @@ func (p *inspectProvider) Status() api.Status {
 
 func (p *inspectProvider) Services() []api.Service { return inspectServices }
 
+func (p *inspectProvider) Service(name string) (api.Service, error) {
+	for _, svc := range inspectServices {
+		if svc.Name == name {
+			return svc, nil
+		}
+	}
+	return api.Service{}, fmt.Errorf("no service %q: %w", name, api.ErrNotFound)
+}
+
 func (p *inspectProvider) Flows(q api.FlowQuery) (api.FlowList, error) {
 	p.mu.Lock()
 	p.asked = append(p.asked, q)

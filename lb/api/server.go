@@ -21,6 +21,9 @@ import (
 type Provider interface {
 	Status() Status
 	Services() []Service
+	// Service is one service as Services lists it; ErrNotFound when
+	// there is none of that name.
+	Service(name string) (Service, error)
 	Conntrack() (Conntrack, error)
 	// Flows lists the connection table's entries q selects.
 	Flows(q FlowQuery) (FlowList, error)
@@ -69,14 +72,12 @@ func NewServer(p Provider, log *slog.Logger) *Server {
 		writeJSON(w, http.StatusOK, s.p.Services())
 	})
 	s.mux.HandleFunc("GET "+Version+"/services/{name}", func(w http.ResponseWriter, r *http.Request) {
-		name := r.PathValue("name")
-		for _, svc := range s.p.Services() {
-			if svc.Name == name {
-				writeJSON(w, http.StatusOK, svc)
-				return
-			}
+		svc, err := s.p.Service(r.PathValue("name"))
+		if err != nil {
+			writeError(w, err)
+			return
 		}
-		writeError(w, fmt.Errorf("no service %q: %w", name, ErrNotFound))
+		writeJSON(w, http.StatusOK, svc)
 	})
 	s.mux.HandleFunc("GET "+Version+"/services/{name}/maglev", func(w http.ResponseWriter, r *http.Request) {
 		t, err := s.p.Maglev(r.PathValue("name"))

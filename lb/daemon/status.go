@@ -94,52 +94,72 @@ func (d *Daemon) reasons() ([]metrics.Reason, error) {
 // is programmed and the live counters.
 func (d *Daemon) Services() []api.Service {
 	v := d.view.Load()
-	states := v.health
 	// A failed count leaves the connection columns at 0; status and
 	// metrics report the table's errors.
 	conns, _ := d.flowCounts()
 	out := make([]api.Service, 0, len(v.services))
 	for _, svc := range v.services {
-		ps := v.programmedOf(svc.Frontend)
-		as := api.Service{
-			Name:        svc.Name,
-			Frontend:    svc.Frontend.String(),
-			Mode:        svc.Mode.String(),
-			Dispatch:    svc.Dispatch.String(),
-			TableSize:   svc.TableSize,
-			Source:      svc.Source,
-			Fingerprint: ps.fingerprint,
-		}
-		if d.dp != nil && ps.ID != 0 {
-			if c, err := d.dp.ServiceCounters(ps.ID); err == nil {
-				as.Counters = api.Counters(c)
-			}
-		}
-		for _, b := range svc.Backends {
-			ab := api.Backend{Address: b.Addr.String(), Weight: b.Weight, State: b.State.String(), ConfigState: b.State.String()}
-			if cs, ok := v.configStates[overrideKey{Service: svc.Name, Backend: b.Addr}]; ok {
-				ab.Override = true
-				ab.ConfigState = cs.String()
-			}
-			ab.Health = healthName(healthOf(v, svc, b))
-			if st, ok := states[health.Key{Service: svc.Name, Backend: b.Addr}]; ok && st.State == health.Down {
-				ab.HealthError = st.LastError
-			}
-			if id, ok := ps.ids[b.Addr]; ok {
-				ab.Slots = ps.slots[id]
-				c := conns[datapath.FlowOwner{Service: ps.ID, Backend: id}]
-				ab.ActiveConns, ab.InactiveConns = c.Active, c.Inactive
-				if d.dp != nil {
-					if c, err := d.dp.BackendCounters(id); err == nil {
-						ab.Counters = api.Counters(c)
-					}
-				}
-			}
-			as.Backends = append(as.Backends, ab)
-		}
-		out = append(out, as)
+		out = append(out, d.apiService(v, svc, conns))
 	}
 	return out
+}
+
+// Service implements api.Provider: one service as Services lists it,
+// without building the others (`l4lbctl service get`, and whoever polls
+// it to see a change in force).
+func (d *Daemon) Service(name string) (api.Service, error) {
+	v := d.view.Load()
+	for _, svc := range v.services {
+		if svc.Name == name {
+			conns, _ := d.flowCounts()
+			return d.apiService(v, svc, conns), nil
+		}
+	}
+	return api.Service{}, fmt.Errorf("no service %q: %w", name, api.ErrNotFound)
+}
+
+// apiService is svc of view v as the API shows it, with its counters and,
+// from conns, its backends' connections.
+func (d *Daemon) apiService(v *view, svc lb.Service, conns map[datapath.FlowOwner]datapath.FlowCount) api.Service {
+	states := v.health
+	ps := v.programmedOf(svc.Frontend)
+	as := api.Service{
+		Name:        svc.Name,
+		Frontend:    svc.Frontend.String(),
+		Mode:        svc.Mode.String(),
+		Dispatch:    svc.Dispatch.String(),
+		TableSize:   svc.TableSize,
+		Source:      svc.Source,
+		Fingerprint: ps.fingerprint,
+	}
+	if d.dp != nil && ps.ID != 0 {
+		if c, err := d.dp.ServiceCounters(ps.ID); err == nil {
+			as.Counters = api.Counters(c)
+		}
+	}
+	for _, b := range svc.Backends {
+		ab := api.Backend{Address: b.Addr.String(), Weight: b.Weight, State: b.State.String(), ConfigState: b.State.String()}
+		if cs, ok := v.configStates[overrideKey{Service: svc.Name, Backend: b.Addr}]; ok {
+			ab.Override = true
+			ab.ConfigState = cs.String()
+		}
+		ab.Health = healthName(healthOf(v, svc, b))
+		if st, ok := states[health.Key{Service: svc.Name, Backend: b.Addr}]; ok && st.State == health.Down {
+			ab.HealthError = st.LastError
+		}
+		if id, ok := ps.ids[b.Addr]; ok {
+			ab.Slots = ps.slots[id]
+			c := conns[datapath.FlowOwner{Service: ps.ID, Backend: id}]
+			ab.ActiveConns, ab.InactiveConns = c.Active, c.Inactive
+			if d.dp != nil {
+				if c, err := d.dp.BackendCounters(id); err == nil {
+					ab.Counters = api.Counters(c)
+				}
+			}
+		}
+		as.Backends = append(as.Backends, ab)
+	}
+	return as
 }
 
 func healthName(h metrics.Health) string {

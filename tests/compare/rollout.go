@@ -341,9 +341,9 @@ func (w *svcWatch) run() {
 			return
 		case <-time.After(20 * time.Millisecond):
 		}
-		// A query costs l4lbd a walk of every service (the admin API
-		// builds them all to answer for one), so the watch asks only
-		// while a published set is not yet seen in force.
+		// A query costs l4lbd a walk of its connection table (the
+		// backends' connection counts), so the watch asks only while a
+		// published set is not yet seen in force.
 		if !w.pending() {
 			continue
 		}
