@@ -213,27 +213,25 @@ func splitServices(data []byte) (head []byte, blocks [][]byte, why string) {
 		if eol := bytes.IndexByte(line, '\n'); eol >= 0 {
 			line = line[:eol+1]
 		}
-		{
-			switch {
-			case isServiceHeader(line):
-				if start < 0 {
-					head = data[:off]
-				} else {
-					blocks = append(blocks, data[start:off])
-				}
-				start = off
-			case start < 0:
-				// A header in the head that names services some
-				// other way ([[ service ]], ["service"]) would
-				// add to them unseen.
-				if bytes.Contains(line, []byte("service")) {
-					return nil, nil, "a header names services in another way than [[service]]"
-				}
-			case !bytes.HasPrefix(line, []byte("[[service.")) && !bytes.HasPrefix(line, []byte("[service.")):
-				return nil, nil, "a table other than a service's follows the first [[service]]"
+		switch {
+		case isServiceHeader(line):
+			if start < 0 {
+				head = data[:off]
+			} else {
+				blocks = append(blocks, data[start:off])
 			}
-			i += len(line) - 1
+			start = off
+		case start < 0:
+			// A header in the head that names services some
+			// other way ([[ service ]], ["service"]) would
+			// add to them unseen.
+			if bytes.Contains(line, []byte("service")) {
+				return nil, nil, "a header names services in another way than [[service]]"
+			}
+		case !bytes.HasPrefix(line, []byte("[[service.")) && !bytes.HasPrefix(line, []byte("[service.")):
+			return nil, nil, "a table other than a service's follows the first [[service]]"
 		}
+		i += len(line) - 1
 	}
 	if start < 0 {
 		return data, nil, ""
