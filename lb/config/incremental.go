@@ -146,8 +146,8 @@ func (p *Parser) parseBlocks(name string, data []byte, opts Options) (cfg *Confi
 			}
 		}
 	}
-	// raw has no services: hostAddresses, which needs them, found none
-	// above; the others check the head alone.
+	// raw (the head) has no services, so hostAddresses checks none: the
+	// loop above did. The other host checks need only the head.
 	c.host(&raw, cfg, opts.Host)
 	if len(c.errs) > 0 {
 		st.Why = "the file has errors"

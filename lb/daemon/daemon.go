@@ -499,18 +499,23 @@ func (d *Daemon) Reload(ctx context.Context) error {
 
 func (d *Daemon) doReload() error {
 	notify(sddaemon.SdNotifyReloading)
-	// Taken before the read: a change in between is then seen by the
-	// watch and read again, never missed.
-	digest := fileDigest(d.opts.ConfigPath)
+	// One read serves the digest and the parse: the watch compares the
+	// file with exactly what this reload read, so a change made after
+	// the read is seen and read again, never missed.
+	data, err := config.ReadFile(d.opts.ConfigPath)
+	digest := digestOf(data, err)
 	d.loaded.Store(&digest)
 	opts := d.opts.Config
 	if opts.Host != nil {
 		// The box may have changed since the last load (addresses).
 		opts.Host = HostFacts()
 	}
-	cfg, err := d.parser.Load(d.opts.ConfigPath, opts)
-	st := d.parser.Stats()
-	d.log.Debug("configuration file parsed", "services", st.Blocks, "decoded", st.Decoded, "whole", st.Whole, "why", st.Why)
+	var cfg *config.Config
+	if err == nil {
+		cfg, err = d.parser.Parse(d.opts.ConfigPath, data, opts)
+		st := d.parser.Stats()
+		d.log.Debug("configuration file parsed", "services", st.Blocks, "decoded", st.Decoded, "whole", st.Whole, "why", st.Why)
+	}
 	if err != nil {
 		d.rejected(err)
 		return err
@@ -878,7 +883,12 @@ func (d *Daemon) configChanged(last *string) bool {
 func fileDigest(path string) string {
 	// The same guarded read as Load: a FIFO or a device in place of the
 	// file must not hang or bloat the watcher either.
-	b, err := config.ReadFile(path)
+	return digestOf(config.ReadFile(path))
+}
+
+// digestOf identifies what a read of the config file (config.ReadFile)
+// returned: its content, or its error.
+func digestOf(b []byte, err error) string {
 	if errors.Is(err, os.ErrNotExist) {
 		return "" // an editor replacing the file: wait for the new one
 	}

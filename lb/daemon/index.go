@@ -27,11 +27,12 @@ type programmedService struct {
 
 // updateIndex indexes what a pass programmed by frontend. programmed are
 // the services as handed to the reconciler (health applied), whose
-// eligible backends the fingerprint covers. The result is prev (which it does not modify: a view may still hold
-// it) with the services of changed indexed again from st; the others keep
-// their entries. A pass that changed one service indexes one service.
-// changed must name every frontend whose state or desired service differs
-// from the pass prev was indexed from: reconciler.View says which.
+// eligible backends the fingerprint covers. The result is prev (which it
+// does not modify: a view may still hold it) with the services of changed
+// indexed again from st; the others keep their entries, so a pass that
+// changed one service indexes one service. changed must name every
+// frontend whose state or desired service differs from the pass prev was
+// indexed from: reconciler.View says which.
 func updateIndex(prev map[lb.Frontend]*programmedService, seed maglev.Seed, st reconciler.State, changed []lb.Frontend, programmed []lb.Service) map[lb.Frontend]*programmedService {
 	if len(changed) == 0 && prev != nil {
 		return prev

@@ -330,12 +330,12 @@ func sizedSpec(cfg Config) (*ebpf.CollectionSpec, int, error) {
 	return spec, cpus, nil
 }
 
-// lbSpec is the LB object to load: obj when given, else the embedded one.
 // embeddedSpec parses the embedded object once: every reload's memory
 // estimate (config host checks) asks for it, and parsing the ELF costs
 // milliseconds.
 var embeddedSpec = sync.OnceValues(bpf.LoadLb)
 
+// lbSpec is the LB object to load: obj when given, else the embedded one.
 func lbSpec(obj []byte) (*ebpf.CollectionSpec, error) {
 	if obj == nil {
 		spec, err := embeddedSpec()
