@@ -273,9 +273,13 @@ func (d *LB) DeleteBackend(id reconciler.BackendID) error {
 	return d.zeroStats(d.backendStats, key)
 }
 
-// SetTable builds the service's Maglev table in a new inner map and swaps
-// it into the outer map in one update.
+// SetTable writes the service's Maglev table: over the one in place when
+// both have the same size (rewriteInPlace), else built in a new inner map
+// and swapped into the outer map in one update.
 func (d *LB) SetTable(svc reconciler.ServiceID, table []reconciler.BackendID) error {
+	if d.rewriteInPlace(uint32(svc), table) {
+		return nil
+	}
 	inner, err := d.newTable(fmt.Sprintf("maglev_%d", svc), svc, table)
 	if err != nil {
 		return err
@@ -293,19 +297,65 @@ func (d *LB) SetTable(svc reconciler.ServiceID, table []reconciler.BackendID) er
 	return nil
 }
 
-// newTable creates an inner map named name holding table, ready to be
-// swapped in for svc.
-func (d *LB) newTable(name string, svc reconciler.ServiceID, table []reconciler.BackendID) (*ebpf.Map, error) {
+// rewriteInPlace writes table over the table slot key holds when that table
+// has the same size, and reports whether it did. A swap would do too, but
+// the kernel waits for an RCU grace period (about 9 ms) after every write to
+// a map of maps, which is most of what one endpoint change costs; a write
+// into the inner map does not wait.
+//
+// A packet reads one slot of one chunk, and every slot is an aligned
+// 32-bit word the kernel copies whole, so a packet that runs during the
+// write sees its slot's old backend or its new one, as it would across a
+// swap: the reconciler has written every backend of both tables before
+// this call and deletes none until it returns. The table's size, in chunk
+// 0, is the same before and after, so no index moves. The swap time is
+// stamped first, as for a swap, so that a handshake whose SYN saw the old
+// slot keeps its backend.
+//
+// Anything it cannot prove (a slot without a table, the shared empty table
+// DeleteTables leaves, a size that differs, a table it cannot open or
+// read) leaves the table alone and answers false: the caller swaps. If
+// the write itself fails half way, the table holds a mix of two valid
+// tables until the swap that follows replaces it whole.
+func (d *LB) rewriteInPlace(key uint32, table []reconciler.BackendID) bool {
+	if len(table) == 0 {
+		// An empty table has the empty one's size; never write into
+		// a map that may be shared.
+		return false
+	}
+	var id ebpf.MapID
+	if err := d.maglev.Lookup(&key, &id); err != nil {
+		return false
+	}
+	m, ok, err := d.openTable(key, id)
+	if err != nil || !ok {
+		return false
+	}
+	defer m.Close()
+	keys, vals := tableChunks(table)
+	if m.MaxEntries() != uint32(len(keys)) {
+		return false
+	}
+	var head [maglevChunk]uint32
+	if err := m.Lookup(&keys[0], &head); err != nil || head[0] != vals[0][0] {
+		return false
+	}
+	if err := d.swaps.before([]uint32{key}); err != nil {
+		return false
+	}
+	if _, err := m.BatchUpdate(keys, vals, nil); err != nil {
+		d.log.Warn("could not rewrite a Maglev table in place; swapping in a new one", "service_id", key, "error", err)
+		return false
+	}
+	d.swaps.after([]uint32{key}, nil, true)
+	return true
+}
+
+// tableChunks lays table out as the inner map holds it: slot 0 of chunk 0
+// is the size, slot s+1 is table[s].
+func tableChunks(table []reconciler.BackendID) ([]uint32, [][maglevChunk]uint32) {
 	n := len(table) + 1
 	chunks := (n + maglevChunk - 1) / maglevChunk
-	spec := d.inner.Copy()
-	spec.MaxEntries = uint32(chunks)
-	spec.Name = name
-	inner, err := ebpf.NewMap(spec)
-	if err != nil {
-		return nil, fmt.Errorf("create Maglev table for service id %d (%d slots): %w", svc, len(table), err)
-	}
-
 	keys := make([]uint32, chunks)
 	vals := make([][maglevChunk]uint32, chunks)
 	for i := range keys {
@@ -316,6 +366,20 @@ func (d *LB) newTable(name string, svc reconciler.ServiceID, table []reconciler.
 		s := i + 1
 		vals[s/maglevChunk][s%maglevChunk] = uint32(id)
 	}
+	return keys, vals
+}
+
+// newTable creates an inner map named name holding table, ready to be
+// swapped in for svc.
+func (d *LB) newTable(name string, svc reconciler.ServiceID, table []reconciler.BackendID) (*ebpf.Map, error) {
+	keys, vals := tableChunks(table)
+	spec := d.inner.Copy()
+	spec.MaxEntries = uint32(len(keys))
+	spec.Name = name
+	inner, err := ebpf.NewMap(spec)
+	if err != nil {
+		return nil, fmt.Errorf("create Maglev table for service id %d (%d slots): %w", svc, len(table), err)
+	}
 	if _, err := inner.BatchUpdate(keys, vals, nil); err != nil {
 		inner.Close()
 		return nil, fmt.Errorf("fill Maglev table for service id %d: %w", svc, err)
@@ -323,11 +387,13 @@ func (d *LB) newTable(name string, svc reconciler.ServiceID, table []reconciler.
 	return inner, nil
 }
 
-// SetTables builds each table in its own inner map, then swaps them all into
-// the outer map with one BPF_MAP_UPDATE_BATCH. The kernel waits for an RCU
-// grace period after every write to a map-in-map but only once per batch, so
-// n tables cost about what one SetTable costs, plus the builds. A table whose
-// inner map cannot be built fails alone; the others still go in.
+// SetTables rewrites in place each table whose size its slot's table has
+// (rewriteInPlace), builds the others each in its own inner map, then swaps
+// those into the outer map with one BPF_MAP_UPDATE_BATCH. The kernel waits
+// for an RCU grace period after every write to a map-in-map but only once
+// per batch, so n new tables cost about what one SetTable costs, plus the
+// builds. A table whose inner map cannot be built fails alone; the others
+// still go in.
 func (d *LB) SetTables(svcs []reconciler.ServiceID, tables [][]reconciler.BackendID) []error {
 	errs := make([]error, len(svcs))
 	if len(tables) != len(svcs) {
@@ -348,6 +414,9 @@ func (d *LB) SetTables(svcs []reconciler.ServiceID, tables [][]reconciler.Backen
 		}
 	}()
 	for i, svc := range svcs {
+		if d.rewriteInPlace(uint32(svc), tables[i]) {
+			continue
+		}
 		inner, err := d.newTable(fmt.Sprintf("maglev_%d", svc), svc, tables[i])
 		if err != nil {
 			errs[i] = err

@@ -3,6 +3,7 @@
 package datapath_test
 
 import (
+	"net/netip"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -105,4 +106,101 @@ func TestStateWithoutSysAdmin(t *testing.T) {
 	if s, ok := got[c.Frontend]; ok && s.HasTable {
 		t.Errorf("c (deleted): read back with a table")
 	}
+}
+
+// TestTableRewriteInPlace changes a service's backends without changing
+// its table's size: the new table is written into the inner map the slot
+// already holds (no swap, so no RCU grace period), with the swap time
+// stamped as for a swap, and packets follow the new table. A change of
+// size, and a table after a delete, still swap in a new map; the empty
+// table deleted slots share is never written. The rewrite works through
+// the pin without CAP_SYS_ADMIN, as l4lbd runs.
+func TestTableRewriteInPlace(t *testing.T) {
+	e := newEnvWith(t, envOptions{pinPath: pinDir(t, "inplace")})
+	outer := e.lb.Maps()["maglev"]
+	swapped := e.lb.Maps()["maglev_swapped"]
+	slot := func(t *testing.T, id reconciler.ServiceID) uint32 {
+		t.Helper()
+		var inner uint32
+		if err := outer.Lookup(uint32(id), &inner); err != nil {
+			t.Fatalf("look up the Maglev slot of service id %d: %v", id, err)
+		}
+		return inner
+	}
+	stamp := func(t *testing.T, id reconciler.ServiceID) uint64 {
+		t.Helper()
+		var ns uint64
+		if err := swapped.Lookup(uint32(id), &ns); err != nil {
+			t.Fatalf("look up maglev_swapped[%d]: %v", id, err)
+		}
+		return ns
+	}
+	fam := families[0]
+	a := withDefaults(dsrService("a", fam.vip, 80, lb.TCP, fam.backends[:3]...))
+	gone := withDefaults(dsrService("gone", fam.vip, 81, lb.TCP, fam.backends[:1]...))
+	e.reconcile(t, a, gone)
+	id := e.state(t, a.Frontend).ID
+	first := slot(t, id)
+	if stamp(t, id) != 0 {
+		t.Fatalf("a's first table is stamped as a swap")
+	}
+	// gone leaves the shared empty table in its slot.
+	e.reconcile(t, a)
+
+	checkFlows := func(t *testing.T, svc lb.Service, seed uint64) {
+		t.Helper()
+		for i, f := range randomFlows(svc.Frontend, 16, seed) {
+			in := e.frame(t, packet(f, true, false, []byte("in place")))
+			if got, want := e.checkTX(t, in, e.run(t, in)), mustPick(t, svc, f); got != want {
+				t.Errorf("flow %d: sent to %s, want %s", i, got, want)
+			}
+		}
+	}
+	checkKernel := func(t *testing.T) {
+		t.Helper()
+		if got, want := tables(t, e.lb)[id], e.state(t, a.Frontend).Table; !slices.Equal(got, want) {
+			t.Errorf("kernel table of a differs from the reconciler's (%d vs %d slots)", len(got), len(want))
+		}
+	}
+
+	t.Run("same size", func(t *testing.T) {
+		b := a.Clone()
+		b.Backends = append(b.Backends[1:], lb.Backend{Addr: netip.AddrPortFrom(fam.backends[3], 80), Weight: 2})
+		withoutSysAdmin(t, func() { e.reconcile(t, b) })
+		if got := slot(t, id); got != first {
+			t.Errorf("the slot holds map %d after a same-size change, want the same map %d rewritten", got, first)
+		}
+		if stamp(t, id) == 0 {
+			t.Errorf("a rewrite in place left maglev_swapped unstamped: a handshake would lose its backend")
+		}
+		checkKernel(t)
+		checkFlows(t, b, 1)
+		a = b
+	})
+	t.Run("new size", func(t *testing.T) {
+		b := a.Clone()
+		b.TableSize = 509
+		if a.TableSize == 509 {
+			b.TableSize = 1021
+		}
+		e.reconcile(t, b)
+		if got := slot(t, id); got == first {
+			t.Errorf("the slot still holds map %d after the table's size changed, want a new map", got)
+		}
+		checkKernel(t)
+		checkFlows(t, b, 2)
+		a = b
+	})
+	t.Run("after delete", func(t *testing.T) {
+		again := withDefaults(dsrService("gone", fam.vip, 81, lb.TCP, fam.backends[:1]...))
+		e.reconcile(t, a, again)
+		st := e.state(t, again.Frontend)
+		if !st.HasTable || len(st.Table) == 0 {
+			t.Fatalf("gone came back without a table")
+		}
+		if got := tables(t, e.lb)[st.ID]; !slices.Equal(got, st.Table) {
+			t.Errorf("gone's kernel table differs from the reconciler's")
+		}
+		checkFlows(t, again, 3)
+	})
 }

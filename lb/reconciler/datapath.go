@@ -55,8 +55,10 @@ type Datapath interface {
 	// DeleteBackend removes the backend entry at id. No table references it
 	// any more when this is called.
 	DeleteBackend(id BackendID) error
-	// SetTable replaces the service's Maglev table in one step (build aside,
-	// swap in). table has TableSize slots, or none when the service has no
+	// SetTable replaces the service's Maglev table: in one step (build
+	// aside, swap in), or slot by slot when every slot is written whole
+	// and a packet reads one slot, so that it sees the old table's
+	// backend or the new one's, never anything else. table has TableSize slots, or none when the service has no
 	// eligible backend. The table carries its own size: the datapath must
 	// index it by its own length, never by the size in the service entry,
 	// so a table of a new size can be swapped in before the entry changes.

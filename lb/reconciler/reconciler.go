@@ -16,8 +16,10 @@
 //
 // A pass runs those steps in phases across services rather than service by
 // service, because swapping a table is the expensive step: in the BPF
-// datapath it is a write to a map-in-map, after which the kernel waits for an
-// RCU grace period (about 9 ms), while a batch of writes waits only once. So
+// datapath a new table of a new size is a write to a map-in-map, after which
+// the kernel waits for an RCU grace period (about 9 ms), while a batch of
+// writes waits only once (a table of the same size is rewritten in place,
+// which waits for nothing). So
 // removals run as three phases (every entry, then every table, then every
 // backend), and additions and changes as three more: per service, validate,
 // reserve ids, write its backends and build its table; then one table phase
@@ -346,6 +348,56 @@ func (r *Reconciler) Reconcile(desired []lb.Service) error {
 	clear(work)
 	r.work = work[:0]
 	clear(r.prev[len(r.prev):cap(r.prev)])
+
+	err := errors.Join(r.errs...)
+	clear(r.errs)
+	r.errs = r.errs[:0]
+	return err
+}
+
+// Update reconciles only the services in changed, each of which replaces the
+// desired service programmed at its frontend under the same name; every
+// other service is left as the last pass left it, not even compared. It is
+// for a change that touches known services only (a runtime override, a
+// health check's verdict): its cost is that of those services, whatever the
+// number of others. A service of changed that is not programmed under its
+// name (new, renamed, or refused by the last pass) is refused with an error
+// and nothing else: a full Reconcile handles it, with its checks across
+// services. As with Reconcile, a service that fails keeps what it had and
+// the error joins one error per failed service. Services a failed pass left
+// unfinished are retried by the next Reconcile, not by Update.
+func (r *Reconciler) Update(changed []lb.Service) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+
+	work := r.work[:0]
+	clear(r.fresh)
+	for i := range changed {
+		d := &changed[i]
+		if j, dup := r.fresh[d.Frontend]; dup {
+			r.errs = append(r.errs, fmt.Errorf("service %q: frontend %s is already claimed by service %q; give one of them another VIP, port or protocol",
+				d.Name, d.Frontend, changed[j].Name))
+			continue
+		}
+		r.fresh[d.Frontend] = i
+		v := r.services[d.Frontend]
+		if v == nil || !v.clean || v.want.Name != d.Name {
+			r.errs = append(r.errs, fmt.Errorf("service %q (%s): not programmed under this name, or left unfinished by the last pass; a full reconcile handles it", d.Name, d.Frontend))
+			continue
+		}
+		if sameService(&v.want, d) {
+			continue
+		}
+		work = append(work, d)
+	}
+	slices.SortFunc(work, func(a, b *lb.Service) int { return a.Frontend.Compare(b.Frontend) })
+	for _, d := range work {
+		r.touched[d.Frontend] = struct{}{}
+		r.stage(d)
+	}
+	r.flush()
+	clear(work)
+	r.work = work[:0]
 
 	err := errors.Join(r.errs...)
 	clear(r.errs)
