@@ -111,6 +111,8 @@ type Merger struct {
 	merged    []lb.Service
 	conflicts []Conflict
 	fresh     bool
+	// byName indexes merged by service name.
+	byName map[string]int
 }
 
 // NewMerger returns an empty merger.
@@ -145,7 +147,7 @@ func (m *Merger) Update(s Snapshot) {
 // return after an Update without making it (a preview of a change).
 func (m *Merger) Clone() *Merger {
 	return &Merger{snapshots: maps.Clone(m.snapshots), live: maps.Clone(m.live), frontends: maps.Clone(m.frontends), names: maps.Clone(m.names), seq: m.seq,
-		merged: m.merged, conflicts: m.conflicts, fresh: m.fresh}
+		merged: m.merged, conflicts: m.conflicts, fresh: m.fresh, byName: m.byName}
 }
 
 // Remove forgets a source (it stopped, or was removed from the config).
@@ -172,10 +174,8 @@ func (m *Merger) Desired() ([]lb.Service, []Conflict) {
 // Service returns the merged service named name, if one is.
 func (m *Merger) Service(name string) (lb.Service, bool) {
 	m.merge()
-	for _, svc := range m.merged {
-		if svc.Name == name {
-			return svc.Clone(), true
-		}
+	if i, ok := m.byName[name]; ok {
+		return m.merged[i].Clone(), true
 	}
 	return lb.Service{}, false
 }
@@ -235,5 +235,13 @@ func (m *Merger) merge() {
 	}
 	slices.SortFunc(out, func(a, b lb.Service) int { return a.Frontend.Compare(b.Frontend) })
 	slices.SortFunc(conflicts, func(a, b Conflict) int { return strings.Compare(a.String(), b.String()) })
-	m.merged, m.conflicts, m.fresh = out, conflicts, true
+	byName := make(map[string]int, len(out))
+	for i, svc := range out {
+		// Names are unique across sources; within one source the
+		// first of a duplicate wins, as the reconciler decides.
+		if _, dup := byName[svc.Name]; !dup {
+			byName[svc.Name] = i
+		}
+	}
+	m.merged, m.conflicts, m.fresh, m.byName = out, conflicts, true, byName
 }

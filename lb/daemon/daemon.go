@@ -64,6 +64,9 @@ type Daemon struct {
 	// blocks that changed; control loop only.
 	parser    *config.Parser
 	dp        *datapath.LB
+	// supported is dp.Supported: whether the datapath can serve a
+	// service (a seam for tests of the passes without a kernel).
+	supported func(lb.Service) error
 	rec       *reconciler.Reconciler
 	merger    *discovery.Merger
 	file      *file.Source
@@ -80,6 +83,8 @@ type Daemon struct {
 	drainSince map[overrideKey]time.Time
 	drainCut   map[overrideKey]bool
 	drainTimer *time.Timer
+	// drainNext is when drainTimer was last set to fire.
+	drainNext time.Time
 	// waitingFor are the sources that adopted services may belong to
 	// and that have not answered yet; while any is, the reconciler keeps
 	// unclaimed services.
@@ -126,6 +131,8 @@ type Daemon struct {
 // view is what the API reads: replaced as a whole after every change.
 type view struct {
 	services []lb.Service // desired, defaults resolved, overrides applied
+	// pos indexes services by name.
+	pos map[string]int
 	// index is what the datapath holds per frontend, as of this view.
 	index map[lb.Frontend]*programmedService
 	// configStates are the sources' states of overridden backends.
@@ -252,6 +259,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 		return err
 	}
 	d.dp = dp
+	d.supported = dp.Supported
 	defer dp.Close()
 
 	st, err := dp.State()
@@ -449,7 +457,10 @@ func (d *Daemon) loop(ctx context.Context) error {
 				req.done <- err
 				continue
 			}
-			aerr := d.apply()
+			var aerr error
+			if req.service == "" || err != nil || !d.applyService(req.service) {
+				aerr = d.apply()
+			}
 			req.done <- err
 			if aerr != nil {
 				retry.Reset(backoff)
@@ -687,6 +698,7 @@ func (d *Daemon) apply() error {
 	}
 	if next := d.applyDrainTimeouts(desired, time.Now()); !next.IsZero() {
 		d.drainTimer.Reset(time.Until(next))
+		d.drainNext = next
 	}
 	// One snapshot of the checks serves both the reconcile and the view,
 	// so status never shows a state this pass did not program.
@@ -723,6 +735,10 @@ func (d *Daemon) apply() error {
 		conflictList: conflicts, state: state, cfg: d.cfg, healthWarnings: warnings, health: healthStates}
 	for _, c := range conflicts {
 		v.conflicts = append(v.conflicts, c.String())
+	}
+	v.pos = make(map[string]int, len(desired))
+	for i, svc := range desired {
+		v.pos[svc.Name] = i
 	}
 	if err != nil {
 		v.recErr = err.Error()
@@ -767,7 +783,7 @@ func (d *Daemon) resolve(merged []lb.Service, defs lb.Defaults) resolved {
 			continue
 		}
 		// The datapath's own check also knows its SNAT addresses.
-		if err := d.dp.Supported(svc); err != nil {
+		if err := d.supported(svc); err != nil {
 			r.rejected = append(r.rejected, fmt.Sprintf("service %q (%s): %v", svc.Name, svc.Source, err))
 			r.refused = append(r.refused, metrics.Refusal{Service: svc.Name, Source: svc.Source, Reason: metrics.RefusedUnsupported})
 			continue

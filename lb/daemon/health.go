@@ -87,44 +87,52 @@ func (d *Daemon) applyHealth(svcs []lb.Service, states map[health.Key]health.Sta
 func (d *Daemon) applyDrainTimeouts(svcs []lb.Service, now time.Time) (next time.Time) {
 	seen := map[overrideKey]bool{}
 	for i := range svcs {
-		svc := &svcs[i]
-		for j, b := range svc.Backends {
-			if b.State != lb.Draining {
-				continue
-			}
-			k := overrideKey{Service: svc.Name, Backend: b.Addr}
-			seen[k] = true
-			since, ok := d.drainSince[k]
-			if !ok {
-				since = now
-				if ov, ok := d.overrides.m[k]; ok && ov.State == lb.Draining && !ov.Since.IsZero() {
-					since = ov.Since
-				}
-				d.drainSince[k] = since
-			}
-			if svc.DrainTimeout <= 0 {
-				continue
-			}
-			deadline := since.Add(svc.DrainTimeout)
-			if !now.Before(deadline) {
-				if !d.drainCut[k] {
-					d.drainCut[k] = true
-					d.log.Info("drain timeout passed; moving the backend's remaining flows", "service", svc.Name, "backend", b.Addr)
-				}
-				bs := append([]lb.Backend(nil), svc.Backends...)
-				bs[j].State = lb.Disabled
-				svc.Backends = bs
-				continue
-			}
-			if next.IsZero() || deadline.Before(next) {
-				next = deadline
-			}
+		if n := d.drainTimeouts(&svcs[i], now, seen); !n.IsZero() && (next.IsZero() || n.Before(next)) {
+			next = n
 		}
 	}
 	for k := range d.drainSince {
 		if !seen[k] {
 			delete(d.drainSince, k)
 			delete(d.drainCut, k)
+		}
+	}
+	return next
+}
+
+// drainTimeouts is applyDrainTimeouts for one service: it adds the keys of
+// svc's draining backends to seen and returns svc's next deadline.
+func (d *Daemon) drainTimeouts(svc *lb.Service, now time.Time, seen map[overrideKey]bool) (next time.Time) {
+	for j, b := range svc.Backends {
+		if b.State != lb.Draining {
+			continue
+		}
+		k := overrideKey{Service: svc.Name, Backend: b.Addr}
+		seen[k] = true
+		since, ok := d.drainSince[k]
+		if !ok {
+			since = now
+			if ov, ok := d.overrides.m[k]; ok && ov.State == lb.Draining && !ov.Since.IsZero() {
+				since = ov.Since
+			}
+			d.drainSince[k] = since
+		}
+		if svc.DrainTimeout <= 0 {
+			continue
+		}
+		deadline := since.Add(svc.DrainTimeout)
+		if !now.Before(deadline) {
+			if !d.drainCut[k] {
+				d.drainCut[k] = true
+				d.log.Info("drain timeout passed; moving the backend's remaining flows", "service", svc.Name, "backend", b.Addr)
+			}
+			bs := append([]lb.Backend(nil), svc.Backends...)
+			bs[j].State = lb.Disabled
+			svc.Backends = bs
+			continue
+		}
+		if next.IsZero() || deadline.Before(next) {
+			next = deadline
 		}
 	}
 	return next

@@ -126,7 +126,7 @@ func (o *overrides) prune(seen map[overrideKey]bool) bool {
 // Backend implements api.Provider: it runs on the control loop, so the
 // override is programmed when the call returns.
 func (d *Daemon) Backend(ctx context.Context, service string, backend netip.AddrPort, action api.BackendAction) error {
-	return d.do(ctx, func() error {
+	return d.doFor(ctx, service, func() error {
 		svc, ok := d.merger.Service(service)
 		if !ok {
 			return fmt.Errorf("no service %q: %w", service, api.ErrNotFound)
@@ -150,11 +150,13 @@ func (d *Daemon) Backend(ctx context.Context, service string, backend netip.Addr
 	})
 }
 
-// do runs f on the control loop, then reconciles, and returns f's error.
-func (d *Daemon) do(ctx context.Context, f func() error) error {
+// doFor runs f on the control loop, then reconciles, and returns f's
+// error. f can change only the service named service ("" for any), so the
+// pass after it redoes that service alone when it can (applyService).
+func (d *Daemon) doFor(ctx context.Context, service string, f func() error) error {
 	done := make(chan error, 1)
 	select {
-	case d.requests <- request{f: f, done: done}:
+	case d.requests <- request{f: f, done: done, service: service}:
 	case <-ctx.Done():
 		return ctx.Err()
 	}
@@ -194,4 +196,6 @@ type request struct {
 	done chan error
 	// ping: run f only, no reconcile.
 	ping bool
+	// service, when set, is the only service f can change.
+	service string
 }

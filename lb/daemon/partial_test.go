@@ -1,0 +1,214 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package daemon
+
+import (
+	"log/slog"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+
+	"github.com/l4lb/l4lb/discovery"
+	"github.com/l4lb/l4lb/lb"
+	"github.com/l4lb/l4lb/lb/health"
+	"github.com/l4lb/l4lb/lb/reconciler"
+	"github.com/l4lb/l4lb/lb/reconciler/reconcilertest"
+)
+
+const passConfig = `[datapath]
+interfaces = ["lo"]
+mode = "snat"
+[maglev]
+table_size = 251
+[[service]]
+name = "a"
+vip = "192.0.2.1"
+port = 80
+protocol = "tcp"
+[[service.backend]]
+address = "198.51.100.1"
+port = 80
+[[service.backend]]
+address = "198.51.100.2"
+port = 80
+[[service.backend]]
+address = "198.51.100.3"
+port = 80
+[[service]]
+name = "b"
+vip = "192.0.2.2"
+port = 80
+protocol = "tcp"
+drain_timeout = "1h"
+[[service.backend]]
+address = "198.51.100.4"
+port = 80
+[[service.backend]]
+address = "198.51.100.5"
+port = 80
+[[service]]
+name = "c"
+vip = "192.0.2.3"
+port = 443
+protocol = "tcp"
+[[service.backend]]
+address = "198.51.100.6"
+port = 443
+`
+
+// passDaemon is a daemon, not running, whose passes program a fake
+// datapath: the file's services are merged and applied once.
+func passDaemon(t *testing.T) (*Daemon, *reconcilertest.Fake) {
+	t.Helper()
+	d := testDaemon(t, passConfig)
+	f := reconcilertest.NewFake()
+	f.CheckEachOp(true)
+	d.rec = reconciler.New(reconciler.Config{Seed: d.cfg.Maglev.Seed, MaxServices: 16, MaxBackends: 64}, f, slog.New(slog.DiscardHandler))
+	d.health = health.New(health.Options{Log: slog.New(slog.DiscardHandler)})
+	t.Cleanup(d.health.Stop)
+	d.supported = func(lb.Service) error { return nil }
+	d.merger.Update(discovery.Snapshot{Source: "file:test.toml", Services: d.cfg.Services})
+	if err := d.apply(); err != nil {
+		t.Fatalf("first pass: %v", err)
+	}
+	return d, f
+}
+
+// TestOneServicePass: after a runtime override, the pass that redoes only
+// the overridden service (applyService) programs and publishes exactly
+// what a full pass would, writes nothing for any other service, and a full
+// pass after it finds nothing left to do.
+func TestOneServicePass(t *testing.T) {
+	type step struct {
+		service string
+		backend string
+		state   lb.BackendState
+		clear   bool
+	}
+	tests := []struct {
+		name  string
+		steps []step
+	}{
+		{name: "drain", steps: []step{{service: "a", backend: "198.51.100.2:80", state: lb.Draining}}},
+		{name: "disable", steps: []step{{service: "a", backend: "198.51.100.1:80", state: lb.Disabled}}},
+		{name: "drain then enable", steps: []step{
+			{service: "a", backend: "198.51.100.3:80", state: lb.Draining},
+			{service: "a", backend: "198.51.100.3:80", state: lb.Active},
+		}},
+		{name: "drain with a timeout, then clear", steps: []step{
+			{service: "b", backend: "198.51.100.4:80", state: lb.Draining},
+			{service: "b", backend: "198.51.100.4:80", clear: true},
+		}},
+		{name: "last backend disabled", steps: []step{{service: "c", backend: "198.51.100.6:443", state: lb.Disabled}}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			d, f := passDaemon(t)
+			ids := map[string]reconciler.ServiceID{}
+			for _, s := range d.rec.Programmed().Services {
+				ids[s.Service.Name] = s.ID
+			}
+			for _, st := range tc.steps {
+				k := overrideKey{Service: st.service, Backend: netip.MustParseAddrPort(st.backend)}
+				if st.clear {
+					delete(d.overrides.m, k)
+				} else {
+					d.overrides.m[k] = override{overrideKey: k, State: st.state, Since: time.Now()}
+				}
+				f.ResetOps()
+				if !d.applyService(st.service) {
+					t.Fatalf("override of %s: the one-service pass declined", k)
+				}
+				for _, op := range f.Ops() {
+					if op.Service != reconciler.NoService && op.Service != ids[st.service] {
+						t.Errorf("the pass for %q wrote service id %d: %s", st.service, op.Service, op)
+					}
+				}
+				if st.service == "b" && !st.clear {
+					if _, ok := d.drainSince[k]; !ok || d.drainNext.IsZero() {
+						t.Errorf("draining %s with a drain timeout started no clock (since %v, timer at %v)", k, d.drainSince[k], d.drainNext)
+					}
+				}
+				if st.clear {
+					if _, ok := d.drainSince[k]; ok {
+						t.Errorf("%s no longer drains but its drain clock stayed", k)
+					}
+				}
+				one := d.view.Load()
+				f.ResetOps()
+				if err := d.apply(); err != nil {
+					t.Fatalf("full pass: %v", err)
+				}
+				if ops := f.Ops(); len(ops) != 0 {
+					t.Errorf("a full pass after the one-service pass still wrote %v", ops)
+				}
+				full := d.view.Load()
+				opts := []cmp.Option{cmpopts.EquateEmpty(), cmp.Comparer(func(a, b netip.Addr) bool { return a == b }),
+					cmp.Comparer(func(a, b netip.AddrPort) bool { return a == b }), cmp.Comparer(func(a, b netip.Prefix) bool { return a == b })}
+				if diff := cmp.Diff(full.services, one.services, opts...); diff != "" {
+					t.Errorf("services (-full pass +one-service pass):\n%s", diff)
+				}
+				if diff := cmp.Diff(full.state, one.state, opts...); diff != "" {
+					t.Errorf("programmed state (-full pass +one-service pass):\n%s", diff)
+				}
+				if diff := cmp.Diff(full.configStates, one.configStates, opts...); diff != "" {
+					t.Errorf("config states (-full pass +one-service pass):\n%s", diff)
+				}
+				if diff := cmp.Diff(full.pos, one.pos); diff != "" {
+					t.Errorf("positions (-full pass +one-service pass):\n%s", diff)
+				}
+				for fe, ps := range full.index {
+					if got := one.index[fe]; got == nil || got.fingerprint != ps.fingerprint || !cmp.Equal(got.ids, ps.ids, opts...) || !cmp.Equal(got.slots, ps.slots) {
+						t.Errorf("index of %s differs between the full pass and the one-service pass", fe)
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestOneServicePassDeclines: what the one-service pass cannot prove it
+// does like a full pass, it leaves to one, having changed nothing.
+func TestOneServicePassDeclines(t *testing.T) {
+	t.Run("unknown service", func(t *testing.T) {
+		d, f := passDaemon(t)
+		f.ResetOps()
+		if d.applyService("nope") || len(f.Ops()) != 0 {
+			t.Errorf("a pass for a service not in the view ran (ops %v)", f.Ops())
+		}
+	})
+	t.Run("last pass failed", func(t *testing.T) {
+		d, f := passDaemon(t)
+		v := *d.view.Load()
+		v.recErr = "a failed write"
+		d.view.Store(&v)
+		f.ResetOps()
+		if d.applyService("a") || len(f.Ops()) != 0 {
+			t.Errorf("a one-service pass ran over a failed full pass (ops %v)", f.Ops())
+		}
+	})
+	t.Run("service gone from the sources", func(t *testing.T) {
+		d, f := passDaemon(t)
+		d.merger.Update(discovery.Snapshot{Source: "file:test.toml", Services: d.cfg.Services[1:]})
+		f.ResetOps()
+		if d.applyService("a") || len(f.Ops()) != 0 {
+			t.Errorf("a one-service pass ran for a service the sources dropped (ops %v)", f.Ops())
+		}
+	})
+	t.Run("backend added", func(t *testing.T) {
+		d, f := passDaemon(t)
+		svcs := make([]lb.Service, len(d.cfg.Services))
+		for i, s := range d.cfg.Services {
+			svcs[i] = s.Clone()
+		}
+		svcs[0].Backends = append(svcs[0].Backends, lb.Backend{Addr: netip.MustParseAddrPort("198.51.100.9:80"), Weight: 1})
+		d.merger.Update(discovery.Snapshot{Source: "file:test.toml", Services: svcs})
+		f.ResetOps()
+		if d.applyService("a") || len(f.Ops()) != 0 {
+			t.Errorf("a one-service pass ran for a service with a new backend (ops %v)", f.Ops())
+		}
+	})
+}
