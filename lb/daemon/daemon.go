@@ -62,8 +62,8 @@ type Daemon struct {
 	cfg *config.Config // last good configuration; control loop only
 	// parser re-reads the file on reloads, decoding only the service
 	// blocks that changed; control loop only.
-	parser    *config.Parser
-	dp        *datapath.LB
+	parser *config.Parser
+	dp     *datapath.LB
 	// supported is dp.Supported: whether the datapath can serve a
 	// service (a seam for tests of the passes without a kernel).
 	supported func(lb.Service) error
