@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/l4lb/l4lb/internal/cow"
 	"github.com/l4lb/l4lb/lb"
 	"github.com/l4lb/l4lb/lb/announce"
 	"github.com/l4lb/l4lb/lb/api"
@@ -87,10 +88,10 @@ func (d *Daemon) stopAnnouncers() {
 // restart, but an announcement draws traffic to the box and waits for the
 // evidence. waiting says that some backend has not passed yet, unprobed
 // that some has not even had a probe end.
-func announceInputs(svcs []lb.Service, index map[lb.Frontend]*programmedService, states map[health.Key]health.Status) (out []announce.Service, waiting, unprobed bool) {
-	out = make([]announce.Service, 0, len(svcs))
-	for _, svc := range svcs {
-		ps, ok := index[svc.Frontend]
+func announceInputs(svcs cow.Slice[lb.Service], idx index, states map[health.Key]health.Status) (out []announce.Service, waiting, unprobed bool) {
+	out = make([]announce.Service, 0, svcs.Len())
+	for _, svc := range svcs.All() {
+		ps, ok := idx.get(svc.Frontend)
 		in := announce.Service{
 			Name:       svc.Name,
 			VIP:        svc.Frontend.Addr,
@@ -143,7 +144,7 @@ func (d *Daemon) recheckC() <-chan time.Time {
 
 func (d *Daemon) announceWith(v *view, states map[health.Key]health.Status) {
 	a := d.ann
-	if a == nil {
+	if a == nil || (a.bgp == nil && a.l2 == nil) {
 		return
 	}
 	in, waiting, unprobed := announceInputs(v.services, v.index, states)

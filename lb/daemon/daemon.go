@@ -26,6 +26,7 @@ import (
 
 	"github.com/l4lb/l4lb/discovery"
 	"github.com/l4lb/l4lb/discovery/file"
+	"github.com/l4lb/l4lb/internal/cow"
 	"github.com/l4lb/l4lb/lb"
 	"github.com/l4lb/l4lb/lb/announce"
 	"github.com/l4lb/l4lb/lb/api"
@@ -121,7 +122,7 @@ type Daemon struct {
 
 	// index is the last pass's index of what the datapath holds, which
 	// the next pass updates; control loop only (views share it, read-only).
-	index map[lb.Frontend]*programmedService
+	index index
 
 	// localAddrs are the box's own addresses, as of the last (re)load,
 	// by address; control loop only. Empty without host checks.
@@ -130,11 +131,12 @@ type Daemon struct {
 
 // view is what the API reads: replaced as a whole after every change.
 type view struct {
-	services []lb.Service // desired, defaults resolved, overrides applied
-	// pos indexes services by name.
+	services cow.Slice[lb.Service] // desired, defaults resolved, overrides applied
+	// pos indexes services by name; shared by the views of one service
+	// list, so never written.
 	pos map[string]int
 	// index is what the datapath holds per frontend, as of this view.
-	index map[lb.Frontend]*programmedService
+	index index
 	// configStates are the sources' states of overridden backends.
 	configStates   map[overrideKey]lb.BackendState
 	conflicts      []string
@@ -145,7 +147,6 @@ type view struct {
 	// health is the checks' state when services was programmed.
 	health map[health.Key]health.Status
 	recErr string
-	state  reconciler.State
 	cfg    *config.Config
 	// bgpVIPs and l2VIPs are the announcers' decisions for this view.
 	bgpVIPs, l2VIPs []announce.VIP
@@ -370,7 +371,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 
 	d.logWarnings(cfg)
 	notify(sddaemon.SdNotifyReady + "\n" + d.statusLine())
-	d.log.Info("l4lbd ready", "interfaces", cfg.Datapath.Interfaces, "services", len(d.view.Load().services))
+	d.log.Info("l4lbd ready", "interfaces", cfg.Datapath.Interfaces, "services", d.view.Load().services.Len())
 	err = d.loop(ctx)
 	notify(sddaemon.SdNotifyStopping)
 	return err
@@ -714,10 +715,10 @@ func (d *Daemon) apply() error {
 		d.log.Error("reconcile failed; retrying", "error", err)
 	}
 	// Only what this pass changed is copied and indexed again.
-	state, changed := d.rec.View()
-	d.reportProgrammed(state)
-	index := updateIndex(d.index, d.cfg.Maglev.Seed, state, changed, programmed)
+	changed, gone := d.rec.Changes()
+	index := updateIndex(d.index, d.cfg.Maglev.Seed, changed, gone, programmed)
 	d.index = index
+	d.reportProgrammed(index)
 	// Probe every backend that has an entry, healthy or not: a backend
 	// that failed must be able to come back.
 	d.health.Update(desired, healthTargets(index))
@@ -731,8 +732,8 @@ func (d *Daemon) apply() error {
 	}
 	refused = append(refused, mapFull(err, desired)...)
 	d.countNewRefusals(refused)
-	v := &view{services: desired, index: index, configStates: configStates, rejected: rejected, refused: refused,
-		conflictList: conflicts, state: state, cfg: d.cfg, healthWarnings: warnings, health: healthStates}
+	v := &view{services: cow.SliceOf(desired), index: index, configStates: configStates, rejected: rejected, refused: refused,
+		conflictList: conflicts, cfg: d.cfg, healthWarnings: warnings, health: healthStates}
 	for _, c := range conflicts {
 		v.conflicts = append(v.conflicts, c.String())
 	}
@@ -807,7 +808,7 @@ func normalize(s lb.Service) lb.Service {
 // statusLine is the STATUS= text systemctl status shows.
 func (d *Daemon) statusLine() string {
 	v := d.view.Load()
-	line := fmt.Sprintf("STATUS=serving %d services on %s", len(v.services), strings.Join(v.cfg.Datapath.Interfaces, ", "))
+	line := fmt.Sprintf("STATUS=serving %d services on %s", v.services.Len(), strings.Join(v.cfg.Datapath.Interfaces, ", "))
 	if n := len(v.rejected); n > 0 {
 		line += fmt.Sprintf("; %d refused", n)
 	}

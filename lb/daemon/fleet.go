@@ -56,7 +56,7 @@ func (d *Daemon) publishFleet(v *view) {
 		return
 	}
 	b := fleet.Box{Name: r.f.Name(), Version: Version, SeedFingerprint: seedFingerprint(v.cfg.Maglev.Seed), Services: []fleet.Service{}}
-	for _, svc := range v.services {
+	for _, svc := range v.services.All() {
 		if ps := v.programmedOf(svc.Frontend); ps.fingerprint != "" {
 			b.Services = append(b.Services, fleet.Service{Name: svc.Name, Frontend: svc.Frontend.String(), Fingerprint: ps.fingerprint})
 		}

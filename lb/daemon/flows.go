@@ -23,7 +23,7 @@ type flowNames struct {
 
 func namesOf(v *view) flowNames {
 	n := flowNames{services: map[reconciler.ServiceID]string{}, backends: map[reconciler.BackendID]netip.AddrPort{}, owner: map[reconciler.BackendID]reconciler.ServiceID{}}
-	for _, svc := range v.services {
+	for _, svc := range v.services.All() {
 		ps := v.programmedOf(svc.Frontend)
 		if ps.ID == 0 {
 			continue
@@ -53,7 +53,7 @@ func flowFilter(v *view, service, backend string) (datapath.FlowFilter, error) {
 		f.Services = map[reconciler.ServiceID]bool{}
 	}
 	svcFound, beFound := service == "", backend == ""
-	for _, svc := range v.services {
+	for _, svc := range v.services.All() {
 		if service != "" && svc.Name != service {
 			continue
 		}

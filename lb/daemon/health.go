@@ -16,10 +16,10 @@ import (
 // backend, which the datapath's l4lb_hc program dispatches to exactly that
 // backend. SNAT backends, and DSR backends not programmed yet (no id to
 // mark), are probed on their own address.
-func healthTargets(index map[lb.Frontend]*programmedService) func(svc lb.Service, b lb.Backend) health.Target {
+func healthTargets(idx index) func(svc lb.Service, b lb.Backend) health.Target {
 	return func(svc lb.Service, b lb.Backend) health.Target {
 		if svc.Mode == lb.ModeDSR {
-			if ps, ok := index[svc.Frontend]; ok {
+			if ps, ok := idx.get(svc.Frontend); ok {
 				if id, ok := ps.ids[b.Addr]; ok {
 					return health.ThroughVIP(svc, datapath.HealthMarkFor(id))
 				}

@@ -3,9 +3,9 @@
 package daemon
 
 import (
-	"maps"
 	"net/netip"
 
+	"github.com/l4lb/l4lb/internal/cow"
 	"github.com/l4lb/l4lb/lb"
 	"github.com/l4lb/l4lb/lb/maglev"
 	"github.com/l4lb/l4lb/lb/reconciler"
@@ -25,28 +25,47 @@ type programmedService struct {
 	fingerprint string
 }
 
-// updateIndex indexes what a pass programmed by frontend. programmed are
+// index is what the datapath holds, by frontend, as of one pass, with the
+// totals status and metrics report. It is immutable: a pass makes a new
+// one that shares every unchanged service's entry with the last.
+type index struct {
+	byFrontend cow.Map[lb.Frontend, *programmedService]
+	// services, backends and tables count the indexed services, their
+	// programmed backend entries and their tables.
+	services, backends, tables int
+}
+
+// get returns what is programmed for fe, if anything is.
+func (x index) get(fe lb.Frontend) (*programmedService, bool) { return x.byFrontend.Get(fe) }
+
+// updateIndex indexes what a pass programmed by frontend. changed and gone
+// are what reconciler.Changes reported since prev was made; programmed are
 // the services as handed to the reconciler (health applied), whose
-// eligible backends the fingerprint covers. The result is prev (which it
-// does not modify: a view may still hold it) with the services of changed
-// indexed again from st; the others keep their entries, so a pass that
-// changed one service indexes one service. changed must name every
-// frontend whose state or desired service differs from the pass prev was
-// indexed from: reconciler.View says which.
-func updateIndex(prev map[lb.Frontend]*programmedService, seed maglev.Seed, st reconciler.State, changed []lb.Frontend, programmed []lb.Service) map[lb.Frontend]*programmedService {
-	if len(changed) == 0 && prev != nil {
+// eligible backends the fingerprint covers: at least those of changed.
+// The result is prev (which it does not modify: a view may still hold it)
+// with those services indexed again, so a pass that changed one service
+// indexes one service.
+func updateIndex(prev index, seed maglev.Seed, changed []reconciler.ServiceState, gone []lb.Frontend, programmed []lb.Service) index {
+	if len(changed) == 0 && len(gone) == 0 {
 		return prev
 	}
-	idx := make(map[lb.Frontend]*programmedService, max(len(prev), len(st.Services)))
-	maps.Copy(idx, prev)
-	todo := make(map[lb.Frontend]bool, len(changed))
-	for _, fe := range changed {
-		todo[fe] = true
-		delete(idx, fe)
+	next := prev
+	e := prev.byFrontend.Edit()
+	drop := func(fe lb.Frontend) {
+		if old, ok := e.Get(fe); ok {
+			next.count(old, -1)
+			e.Delete(fe)
+		}
 	}
-	for _, s := range st.Services {
+	for _, fe := range gone {
+		drop(fe)
+	}
+	todo := make(map[lb.Frontend]*programmedService, len(changed))
+	for _, s := range changed {
+		fe := s.Service.Frontend
+		drop(fe)
 		// Pieces without a frontend (orphans) are never indexed.
-		if !todo[s.Service.Frontend] || !s.Service.Frontend.Addr.IsValid() {
+		if !fe.Addr.IsValid() {
 			continue
 		}
 		ps := &programmedService{
@@ -60,12 +79,24 @@ func updateIndex(prev map[lb.Frontend]*programmedService, seed maglev.Seed, st r
 		for _, id := range s.Table {
 			ps.slots[id]++
 		}
-		idx[s.Service.Frontend] = ps
+		e.Set(fe, ps)
+		next.count(ps, 1)
+		todo[fe] = ps
 	}
 	for _, svc := range programmed {
-		if ps, ok := idx[svc.Frontend]; ok && todo[svc.Frontend] {
+		if ps, ok := todo[svc.Frontend]; ok {
 			ps.fingerprint = maglev.Fingerprint(seed, svc.TableSize, eligible(svc))
 		}
 	}
-	return idx
+	next.byFrontend = e.Map()
+	return next
+}
+
+// count adds ps to the totals (sign 1) or takes it out (-1).
+func (x *index) count(ps *programmedService, sign int) {
+	x.services += sign
+	x.backends += sign * len(ps.Backends)
+	if ps.HasTable {
+		x.tables += sign
+	}
 }

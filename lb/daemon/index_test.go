@@ -16,15 +16,16 @@ import (
 )
 
 // TestUpdateIndexIsFullIndex: over random passes (services added,
-// removed, backends changed in address, weight and state), the index a
-// pass updates from the last one is the index built from nothing, and the
-// last pass's index is never modified.
+// removed, backends changed in address, weight and state; full passes and
+// one-service updates), the index a pass updates from the last one is the
+// index built from nothing, with the same totals, and the last pass's
+// index is never modified.
 func TestUpdateIndexIsFullIndex(t *testing.T) {
 	seed := maglev.Seed{9}
 	rec := reconciler.New(reconciler.Config{Seed: seed, MaxServices: 40, MaxBackends: 400}, reconcilertest.NewFake(), nil)
 	rng := rand.New(rand.NewPCG(1, 2))
 	desired := map[int]lb.Service{}
-	var idx map[lb.Frontend]*programmedService
+	var idx index
 	for pass := range 200 {
 		for range rng.IntN(3) + 1 {
 			i := rng.IntN(30)
@@ -49,28 +50,27 @@ func TestUpdateIndexIsFullIndex(t *testing.T) {
 		if err := rec.Reconcile(list); err != nil {
 			t.Fatalf("pass %d: %v", pass, err)
 		}
-		st, changed := rec.View()
+		changed, gone := rec.Changes()
 		before := deref(idx)
-		next := updateIndex(idx, seed, st, changed, list)
+		next := updateIndex(idx, seed, changed, gone, list)
 		if !reflect.DeepEqual(deref(idx), before) {
 			t.Fatalf("pass %d: the last pass's index was modified", pass)
 		}
-		var all []lb.Frontend
-		for _, s := range st.Services {
-			all = append(all, s.Service.Frontend)
+		full := updateIndex(index{}, seed, rec.Programmed().Services, nil, list)
+		if got, want := deref(next), deref(full); !reflect.DeepEqual(got, want) {
+			t.Fatalf("pass %d: updated index differs from the full one:\n%v\n%v", pass, got, want)
 		}
-		full := updateIndex(nil, seed, rec.Programmed(), all, list)
-		if !reflect.DeepEqual(next, full) {
-			t.Fatalf("pass %d: updated index differs from the full one:\n%v\n%v", pass, next, full)
+		if next.services != full.services || next.backends != full.backends || next.tables != full.tables {
+			t.Fatalf("pass %d: updated totals %d/%d/%d, full %d/%d/%d", pass, next.services, next.backends, next.tables, full.services, full.backends, full.tables)
 		}
 		idx = next
 	}
 }
 
 // deref copies an index's entries, to see later whether any was modified.
-func deref(idx map[lb.Frontend]*programmedService) map[lb.Frontend]programmedService {
+func deref(idx index) map[lb.Frontend]programmedService {
 	out := map[lb.Frontend]programmedService{}
-	for fe, ps := range idx {
+	for fe, ps := range idx.byFrontend.All() {
 		out[fe] = *ps
 	}
 	return out

@@ -4,11 +4,11 @@ package daemon
 
 import (
 	"reflect"
+	"slices"
 
 	"github.com/l4lb/l4lb/discovery/kubernetes"
 	"github.com/l4lb/l4lb/lb"
 	"github.com/l4lb/l4lb/lb/config"
-	"github.com/l4lb/l4lb/lb/reconciler"
 )
 
 // kubeRun is one running Kubernetes source and what it was started with.
@@ -69,16 +69,17 @@ func (d *Daemon) newKubernetes(cfg *config.Config) (*kubeRun, error) {
 // reportProgrammed tells the Kubernetes source which frontends the
 // datapath holds after a pass: it writes Service status from that, and
 // releases deleted Services once their VIPs are gone.
-func (d *Daemon) reportProgrammed(st reconciler.State) {
+func (d *Daemon) reportProgrammed(idx index) {
 	r := d.kubeRun.Load()
 	if r == nil {
 		return
 	}
 	var fes []lb.Frontend
-	for _, s := range st.Services {
-		if s.HasEntry && s.HasTable {
-			fes = append(fes, s.Service.Frontend)
+	for fe, ps := range idx.byFrontend.All() {
+		if ps.HasEntry && ps.HasTable {
+			fes = append(fes, fe)
 		}
 	}
+	slices.SortFunc(fes, lb.Frontend.Compare)
 	r.src.SetProgrammed(fes)
 }

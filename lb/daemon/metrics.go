@@ -29,7 +29,7 @@ func (d *Daemon) Snapshot() metrics.Snapshot {
 	if err != nil {
 		snap.Errors = append(snap.Errors, err)
 	}
-	for _, svc := range v.services {
+	for _, svc := range v.services.All() {
 		ps := v.programmedOf(svc.Frontend)
 		ms := metrics.Service{
 			Name: svc.Name, Frontend: svc.Frontend, Mode: svc.Mode, Dispatch: svc.Dispatch,
@@ -139,17 +139,10 @@ func healthOf(v *view, svc lb.Service, b lb.Backend) metrics.Health {
 // from what is programmed (the service, backend and table maps hold one
 // entry per programmed object) and from the walks done for conntrack/SNAT.
 func (d *Daemon) mapOccupancy(v *view) []metrics.Map {
-	var backends, tables int
-	for _, s := range v.state.Services {
-		backends += len(s.Backends)
-		if s.HasTable {
-			tables++
-		}
-	}
 	return []metrics.Map{
-		{Name: "services", Entries: uint64(len(v.state.Services)), Capacity: uint64(v.cfg.Datapath.MaxServices)},
-		{Name: "backends", Entries: uint64(backends), Capacity: uint64(v.cfg.Datapath.MaxBackends)},
-		{Name: "maglev", Entries: uint64(tables), Capacity: uint64(v.cfg.Datapath.MaxServices)},
+		{Name: "services", Entries: uint64(v.index.services), Capacity: uint64(v.cfg.Datapath.MaxServices)},
+		{Name: "backends", Entries: uint64(v.index.backends), Capacity: uint64(v.cfg.Datapath.MaxBackends)},
+		{Name: "maglev", Entries: uint64(v.index.tables), Capacity: uint64(v.cfg.Datapath.MaxServices)},
 	}
 }
 

@@ -36,7 +36,7 @@ func (d *Daemon) applyService(name string) bool {
 	if !ok {
 		return false
 	}
-	prev := v.services[i]
+	prev := v.services.At(i)
 	merged, ok := d.merger.Service(name)
 	if !ok {
 		return false
@@ -74,15 +74,14 @@ func (d *Daemon) applyService(name string) bool {
 		d.drainNext = next
 	}
 
-	state, changed := d.rec.View()
-	d.reportProgrammed(state)
-	index := updateIndex(d.index, d.cfg.Maglev.Seed, state, changed, programmed)
+	changed, gone := d.rec.Changes()
+	index := updateIndex(d.index, d.cfg.Maglev.Seed, changed, gone, programmed)
 	d.index = index
+	d.reportProgrammed(index)
 
 	nv := *v
-	nv.services = slices.Clone(v.services)
-	nv.services[i] = desired[0]
-	nv.index, nv.state = index, state
+	nv.services = v.services.With(i, desired[0])
+	nv.index = index
 	nv.configStates = maps.Clone(v.configStates)
 	for k := range nv.configStates {
 		if k.Service == name {

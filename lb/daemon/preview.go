@@ -32,7 +32,7 @@ func (d *Daemon) preview(cfg *config.Config) []change.Service {
 	seed := d.cfg.Maglev.Seed
 
 	old := map[string]change.Side{}
-	for _, svc := range v.services {
+	for _, svc := range v.services.All() {
 		old[svc.Name] = change.Side{Service: svc, Table: liveOwners(seed, v.programmedOf(svc.Frontend).ServiceState)}
 	}
 	cur := map[string]change.Side{}

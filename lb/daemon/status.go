@@ -36,7 +36,7 @@ func (d *Daemon) Status() api.Status {
 		SeedFingerprint: seedFingerprint(v.cfg.Maglev.Seed),
 		LastReload:      rl,
 		PendingRestart:  pending,
-		Services:        len(v.services),
+		Services:        v.services.Len(),
 		Conflicts:       v.conflicts,
 		Rejected:        v.rejected,
 		HealthWarnings:  v.healthWarnings,
@@ -51,9 +51,7 @@ func (d *Daemon) Status() api.Status {
 			st.FleetWarnings = append(st.FleetWarnings, "fleet check failing: "+fst.Error)
 		}
 	}
-	for _, s := range v.state.Services {
-		st.Backends += len(s.Backends)
-	}
+	st.Backends = v.index.backends
 	for _, ifc := range v.cfg.Datapath.Interfaces {
 		ai := api.Interface{Name: ifc, Attach: v.cfg.Datapath.Attach.String(), Mode: v.cfg.Datapath.XDPMode.String(), Attached: "not attached"}
 		if d.dp != nil {
@@ -97,8 +95,8 @@ func (d *Daemon) Services() []api.Service {
 	// A failed count leaves the connection columns at 0; status and
 	// metrics report the table's errors.
 	conns, _ := d.flowCounts()
-	out := make([]api.Service, 0, len(v.services))
-	for _, svc := range v.services {
+	out := make([]api.Service, 0, v.services.Len())
+	for _, svc := range v.services.All() {
 		out = append(out, d.apiService(v, svc, conns))
 	}
 	return out
@@ -109,11 +107,9 @@ func (d *Daemon) Services() []api.Service {
 // it to see a change in force).
 func (d *Daemon) Service(name string) (api.Service, error) {
 	v := d.view.Load()
-	for _, svc := range v.services {
-		if svc.Name == name {
-			conns, _ := d.flowCounts()
-			return d.apiService(v, svc, conns), nil
-		}
+	if i, ok := v.pos[name]; ok {
+		conns, _ := d.flowCounts()
+		return d.apiService(v, v.services.At(i), conns), nil
 	}
 	return api.Service{}, fmt.Errorf("no service %q: %w", name, api.ErrNotFound)
 }
@@ -204,7 +200,7 @@ func (d *Daemon) Conntrack() (api.Conntrack, error) {
 // programmedOf returns what is programmed for fe; the zero value (no id,
 // no table, nothing indexed) when nothing is.
 func (v *view) programmedOf(fe lb.Frontend) *programmedService {
-	if ps, ok := v.index[fe]; ok {
+	if ps, ok := v.index.get(fe); ok {
 		return ps
 	}
 	return &programmedService{}
@@ -214,10 +210,8 @@ func (v *view) programmedOf(fe lb.Frontend) *programmedService {
 // for it.
 func (d *Daemon) programmed(name string) (lb.Service, reconciler.ServiceState, *view, error) {
 	v := d.view.Load()
-	for _, svc := range v.services {
-		if svc.Name != name {
-			continue
-		}
+	if i, ok := v.pos[name]; ok {
+		svc := v.services.At(i)
 		if ps := v.programmedOf(svc.Frontend); ps.HasTable {
 			return svc, ps.ServiceState, v, nil
 		}

@@ -105,13 +105,10 @@ type Reconciler struct {
 	orphans []*service
 	gen     uint64
 
-	// view is the programmed services by frontend as View last returned
-	// them: shared with its callers, so never written, only replaced.
-	// touched are the frontends a pass may have changed since, and
-	// viewAll is set until the first View.
-	view    []ServiceState
-	touched map[lb.Frontend]struct{}
-	viewAll bool
+	// touched are the frontends a pass may have changed since the last
+	// Changes, and changesAll is set until the first Changes.
+	touched    map[lb.Frontend]struct{}
+	changesAll bool
 
 	builder maglev.Builder
 
@@ -237,7 +234,7 @@ func New(cfg Config, dp Datapath, log *slog.Logger) *Reconciler {
 		names:       make(map[string]int),
 		fresh:       make(map[lb.Frontend]int),
 		touched:     make(map[lb.Frontend]struct{}),
-		viewAll:     true,
+		changesAll:  true,
 	}
 }
 

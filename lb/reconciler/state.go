@@ -65,56 +65,37 @@ func (r *Reconciler) Programmed() State {
 	return st
 }
 
-// View returns what Programmed returns, and the frontends whose state may
-// differ from the last View's (every one on the first call). Unlike
-// Programmed it copies only what changed: the services it returns share
-// their memory with the reconciler's later views, so the caller must not
-// modify them. A pass that changed one service makes the next View cost
-// that service's copy and a copy of the list, not a copy of every table.
-func (r *Reconciler) View() (State, []lb.Frontend) {
+// Changes returns what the passes since the last call may have changed
+// (every service on the first call): the state of each frontend that still
+// has something programmed, ordered by frontend, and the frontends that
+// have nothing any more. Pieces without a known frontend (restored
+// orphans) are never reported. It costs the changed services' copies, not
+// a walk of every service, so that a pass that changed one service is
+// published for the price of one.
+func (r *Reconciler) Changes() (changed []ServiceState, gone []lb.Frontend) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	var changed []lb.Frontend
-	switch {
-	case r.viewAll:
-		var view []ServiceState
-		for fe, v := range r.services {
-			changed = append(changed, fe)
-			if s := v.state(); s.listed() {
-				view = append(view, s)
-			}
+	if r.changesAll {
+		for fe := range r.services {
+			r.touched[fe] = struct{}{}
 		}
-		slices.SortFunc(view, func(a, b ServiceState) int { return a.Service.Frontend.Compare(b.Service.Frontend) })
-		r.view, r.viewAll = view, false
-	case len(r.touched) > 0:
-		view := slices.Clone(r.view)
-		for fe := range r.touched {
-			changed = append(changed, fe)
-			i, found := slices.BinarySearchFunc(view, fe, func(s ServiceState, fe lb.Frontend) int { return s.Service.Frontend.Compare(fe) })
-			var s ServiceState
-			if v := r.services[fe]; v != nil {
-				s = v.state()
-			}
-			switch {
-			case found && s.listed():
-				view[i] = s
-			case found:
-				view = slices.Delete(view, i, i+1)
-			case s.listed():
-				view = slices.Insert(view, i, s)
-			}
+		r.changesAll = false
+	}
+	for fe := range r.touched {
+		var s ServiceState
+		if v := r.services[fe]; v != nil {
+			s = v.state()
 		}
-		r.view = view
+		if s.listed() {
+			changed = append(changed, s)
+		} else {
+			gone = append(gone, fe)
+		}
 	}
 	clear(r.touched)
-	st := State{Services: r.view}
-	if len(r.orphans) > 0 {
-		st.Services = slices.Clip(st.Services)
-		for _, o := range r.orphans {
-			st.Services = append(st.Services, o.state())
-		}
-	}
-	return st, changed
+	slices.SortFunc(changed, func(a, b ServiceState) int { return a.Service.Frontend.Compare(b.Service.Frontend) })
+	slices.SortFunc(gone, lb.Frontend.Compare)
+	return changed, gone
 }
 
 // listed reports whether a service has anything in the datapath, and so a

@@ -44,7 +44,7 @@ func TestUpdate(t *testing.T) {
 				if err := r.Reconcile(cloneAll([]lb.Service{a, b, c})); err != nil {
 					t.Fatal(err)
 				}
-				r.View()
+				r.Changes()
 				f.ResetOps()
 				err := r.Update(cloneAll(tc.update))
 				switch {
@@ -83,9 +83,9 @@ func TestUpdate(t *testing.T) {
 				// A full pass over the set the update amounts to has
 				// nothing left to do, and the view reports exactly the
 				// changed services.
-				_, fes := r.View()
-				if len(fes) != len(changed) {
-					t.Errorf("View after Update reports %d changed frontends %v, want %d", len(fes), fes, len(changed))
+				states, gone := r.Changes()
+				if len(states) != len(changed) || len(gone) != 0 {
+					t.Errorf("Changes after Update reports %d changed services and %v gone, want %d changed", len(states), gone, len(changed))
 				}
 				f.ResetOps()
 				if err := r.Reconcile(cloneAll(tc.want)); err != nil {
