@@ -473,9 +473,10 @@ func Parse(name string, data []byte, opts Options) (*Config, error) {
 	return cfg, nil
 }
 
-// MaxFileSize is the largest config file Load reads: far above any real
-// configuration, and small enough that a wrong path cannot exhaust memory.
-const MaxFileSize = 16 << 20
+// MaxFileSize is the largest config file Load reads: room for about
+// 400,000 services of ten backends (a service of ten backends takes about
+// 600 bytes), and small enough that a wrong path cannot exhaust memory.
+const MaxFileSize = 256 << 20
 
 // Load reads and parses the config file at path.
 func Load(path string, opts Options) (*Config, error) {
