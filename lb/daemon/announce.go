@@ -88,7 +88,7 @@ func (d *Daemon) stopAnnouncers() {
 // restart, but an announcement draws traffic to the box and waits for the
 // evidence. waiting says that some backend has not passed yet, unprobed
 // that some has not even had a probe end.
-func announceInputs(svcs cow.Slice[lb.Service], idx index, states map[health.Key]health.Status) (out []announce.Service, waiting, unprobed bool) {
+func announceInputs(svcs cow.Slice[lb.Service], idx index, states func(health.Key) (health.Status, bool)) (out []announce.Service, waiting, unprobed bool) {
 	out = make([]announce.Service, 0, svcs.Len())
 	for _, svc := range svcs.All() {
 		ps, ok := idx.get(svc.Frontend)
@@ -103,7 +103,7 @@ func announceInputs(svcs cow.Slice[lb.Service], idx index, states map[health.Key
 				continue
 			}
 			if svc.Health.Type != lb.HealthNone {
-				st, ok := states[health.Key{Service: svc.Name, Backend: b.Addr}]
+				st, ok := states(health.Key{Service: svc.Name, Backend: b.Addr})
 				if !ok || st.State != health.Up {
 					continue
 				}
@@ -124,13 +124,13 @@ func announceInputs(svcs cow.Slice[lb.Service], idx index, states map[health.Key
 // announce applies the rule to the view's services and hands each
 // announcer its set. It runs on the control loop after every pass, with
 // the states the pass programmed.
-func (d *Daemon) announce(v *view) { d.announceWith(v, v.health) }
+func (d *Daemon) announce(v *view) { d.announceWith(v, v.health.Get) }
 
 // reannounce decides again on the current view with the checks' current
 // states, while a backend waits for its first passed check.
 func (d *Daemon) reannounce() {
 	v := *d.view.Load()
-	d.announceWith(&v, d.health.States())
+	d.announceWith(&v, mapLookup(d.health.States()))
 	d.view.Store(&v)
 }
 
@@ -142,7 +142,7 @@ func (d *Daemon) recheckC() <-chan time.Time {
 	return d.ann.recheck.C
 }
 
-func (d *Daemon) announceWith(v *view, states map[health.Key]health.Status) {
+func (d *Daemon) announceWith(v *view, states func(health.Key) (health.Status, bool)) {
 	a := d.ann
 	if a == nil || (a.bgp == nil && a.l2 == nil) {
 		return

@@ -85,7 +85,7 @@ func TestAnnounceInputs(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			in, waiting, unprobed := announceInputs(cow.SliceOf([]lb.Service{tt.svc}), programmed, tt.states)
+			in, waiting, unprobed := announceInputs(cow.SliceOf([]lb.Service{tt.svc}), programmed, mapLookup(tt.states))
 			if len(in) != 1 || !in[0].Programmed || in[0].Healthy != tt.healthy || in[0].Unchecked != tt.unchecked {
 				t.Errorf("inputs %+v, want programmed with %d healthy, %d unchecked", in, tt.healthy, tt.unchecked)
 			}

@@ -145,7 +145,7 @@ type view struct {
 	refused        []metrics.Refusal
 	healthWarnings []string
 	// health is the checks' state when services was programmed.
-	health map[health.Key]health.Status
+	health cow.Map[health.Key, health.Status]
 	recErr string
 	cfg    *config.Config
 	// bgpVIPs and l2VIPs are the announcers' decisions for this view.
@@ -439,14 +439,21 @@ func (d *Daemon) loop(ctx context.Context) error {
 		case snap := <-d.snaps:
 			d.update(snap)
 			d.sourceAnswered(snap.Source)
-		case <-d.health.Events():
-			// Coalesce a burst of health changes into one pass.
+		case ev := <-d.health.Events():
+			// Coalesce a burst of health changes into one pass, over
+			// the services they touch when they are few.
+			flipped := []health.Key{{Service: ev.Service, Backend: ev.Backend}}
 			for drained := false; !drained; {
 				select {
-				case <-d.health.Events():
+				case ev := <-d.health.Events():
+					flipped = append(flipped, health.Key{Service: ev.Service, Backend: ev.Backend})
 				default:
 					drained = true
 				}
+			}
+			if d.applyFlips(flipped) {
+				backoff = time.Second
+				continue
 			}
 		case <-d.drainTimer.C:
 		case <-d.recheckC():
@@ -459,7 +466,7 @@ func (d *Daemon) loop(ctx context.Context) error {
 				continue
 			}
 			var aerr error
-			if req.service == "" || err != nil || !d.applyService(req.service) {
+			if req.service == "" || err != nil || !d.applyServices([]string{req.service}, nil) {
 				aerr = d.apply()
 			}
 			req.done <- err
@@ -704,7 +711,7 @@ func (d *Daemon) apply() error {
 	// One snapshot of the checks serves both the reconcile and the view,
 	// so status never shows a state this pass did not program.
 	healthStates := d.health.States()
-	programmed, warnings := d.applyHealth(desired, healthStates)
+	programmed, warnings := d.applyHealth(desired, mapLookup(healthStates))
 	for _, w := range warnings {
 		d.log.Warn(w)
 	}
@@ -730,10 +737,11 @@ func (d *Daemon) apply() error {
 			healthStates[k] = st
 		}
 	}
+	shownHealth := cow.MapOf(healthStates)
 	refused = append(refused, mapFull(err, desired)...)
 	d.countNewRefusals(refused)
 	v := &view{services: cow.SliceOf(desired), index: index, configStates: configStates, rejected: rejected, refused: refused,
-		conflictList: conflicts, cfg: d.cfg, healthWarnings: warnings, health: healthStates}
+		conflictList: conflicts, cfg: d.cfg, healthWarnings: warnings, health: shownHealth}
 	for _, c := range conflicts {
 		v.conflicts = append(v.conflicts, c.String())
 	}

@@ -37,12 +37,12 @@ func healthTargets(idx index) func(svc lb.Service, b lb.Backend) health.Target {
 // a service is down, the checks are ignored for it (fail open): more likely
 // the probes are broken than every backend at once, and dropping all of the
 // service's traffic would be the worst answer.
-func (d *Daemon) applyHealth(svcs []lb.Service, states map[health.Key]health.Status) (out []lb.Service, warnings []string) {
+func (d *Daemon) applyHealth(svcs []lb.Service, states func(health.Key) (health.Status, bool)) (out []lb.Service, warnings []string) {
 	if d.health == nil {
 		return svcs, nil
 	}
 	up := func(svc lb.Service, b lb.Backend) bool {
-		st, ok := states[health.Key{Service: svc.Name, Backend: b.Addr}]
+		st, ok := states(health.Key{Service: svc.Name, Backend: b.Addr})
 		return !ok || st.State == health.Up
 	}
 	out = make([]lb.Service, len(svcs))
@@ -136,4 +136,12 @@ func (d *Daemon) drainTimeouts(svc *lb.Service, now time.Time, seen map[override
 		}
 	}
 	return next
+}
+
+// mapLookup is a plain map's look-up, for applyHealth.
+func mapLookup(m map[health.Key]health.Status) func(health.Key) (health.Status, bool) {
+	return func(k health.Key) (health.Status, bool) {
+		st, ok := m[k]
+		return st, ok
+	}
 }

@@ -124,7 +124,7 @@ func healthOf(v *view, svc lb.Service, b lb.Backend) metrics.Health {
 	if svc.Health.Type == lb.HealthNone {
 		return metrics.HealthUnchecked
 	}
-	st, ok := v.health[health.Key{Service: svc.Name, Backend: b.Addr}]
+	st, ok := v.health.Get(health.Key{Service: svc.Name, Backend: b.Addr})
 	switch {
 	case !ok:
 		return metrics.HealthUnknown

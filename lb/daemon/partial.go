@@ -10,61 +10,86 @@ import (
 	"time"
 
 	"github.com/l4lb/l4lb/lb"
+	"github.com/l4lb/l4lb/lb/health"
 )
 
-// applyService is apply for a change that can only touch the service named
-// name: a runtime override of one of its backends. It redoes that service's
-// share of the pass (resolve, drain timeouts, health) from the sources'
-// merge, programs it with reconciler.Update, which compares and writes
-// nothing else, and publishes a view that differs from the last one in that
-// service only. So an override costs about the same at 100 services and at
+// applyServices is apply for a change that can only touch the services
+// named: a runtime override of a backend, or a health check's verdict on
+// backends of a few services (flipped names the backends whose state
+// changed). It redoes those services' share of the pass (resolve, drain
+// timeouts, health) from the sources' merge, programs them with
+// reconciler.Update, which compares and writes nothing else, and publishes
+// a view that differs from the last one in those services and backends
+// only. So such a change costs about the same at 100 services and at
 // 100,000.
 //
 // It answers false, having changed nothing, whenever the result might
-// differ from a full pass's in anything but that service; the caller then
-// runs apply. That is the case when the last pass left an error to retry,
-// the service is not in the last view (new, refused, or in conflict), it
-// resolves to something other than one programmable service with the same
-// frontend and backends (a rejection, a new backend), or its health
+// differ from a full pass's in anything but those services; the caller
+// then runs apply. That is the case when the last pass left an error to
+// retry, a service is not in the last view (new, refused, or in conflict),
+// one resolves to something other than one programmable service with the
+// same frontend and backends (a rejection, a new backend), its health
 // verdict carries a warning now or did before, and when Update fails.
-func (d *Daemon) applyService(name string) bool {
+func (d *Daemon) applyServices(names []string, flipped []health.Key) bool {
 	v := d.view.Load()
-	if v == nil || v.recErr != "" || v.pos == nil {
+	if v == nil || v.recErr != "" || v.pos == nil || len(names) == 0 {
 		return false
 	}
-	i, ok := v.pos[name]
-	if !ok {
-		return false
+	states := v.health
+	if len(flipped) > 0 {
+		e := v.health.Edit()
+		for _, k := range flipped {
+			if st, ok := d.health.Status(k); ok {
+				e.Set(k, st)
+			} else {
+				e.Delete(k)
+			}
+		}
+		states = e.Map()
 	}
-	prev := v.services.At(i)
-	merged, ok := d.merger.Service(name)
-	if !ok {
-		return false
+	at := make([]int, 0, len(names))
+	desired := make([]lb.Service, 0, len(names))
+	configStates := map[overrideKey]lb.BackendState{}
+	for _, name := range names {
+		i, ok := v.pos[name]
+		if !ok || slices.Contains(at, i) {
+			return false
+		}
+		prev := v.services.At(i)
+		merged, ok := d.merger.Service(name)
+		if !ok {
+			return false
+		}
+		r := d.resolve([]lb.Service{merged}, d.cfg.Defaults())
+		if len(r.desired) != 1 || !sameBackendSet(r.desired[0], prev) || r.desired[0].Frontend != prev.Frontend {
+			return false
+		}
+		warned := fmt.Sprintf("service %q:", name)
+		if slices.ContainsFunc(v.healthWarnings, func(w string) bool { return strings.HasPrefix(w, warned) }) {
+			return false
+		}
+		at = append(at, i)
+		desired = append(desired, r.desired[0])
+		maps.Copy(configStates, r.configStates)
 	}
-	r := d.resolve([]lb.Service{merged}, d.cfg.Defaults())
-	if len(r.desired) != 1 || !sameBackendSet(r.desired[0], prev) || r.desired[0].Frontend != prev.Frontend {
-		return false
-	}
-	warned := fmt.Sprintf("service %q:", name)
-	if slices.ContainsFunc(v.healthWarnings, func(w string) bool { return strings.HasPrefix(w, warned) }) {
-		return false
-	}
-	desired := r.desired
 	now := time.Now()
 	seen := map[overrideKey]bool{}
-	next := d.drainTimeouts(&desired[0], now, seen)
-	// The health states are the last view's: a check's verdict that came
-	// since waits in the health events, whose full pass follows.
-	programmed, warnings := d.applyHealth(desired, v.health)
+	var next time.Time
+	for i := range desired {
+		if n := d.drainTimeouts(&desired[i], now, seen); !n.IsZero() && (next.IsZero() || n.Before(next)) {
+			next = n
+		}
+	}
+	programmed, warnings := d.applyHealth(desired, states.Get)
 	if len(warnings) > 0 {
 		return false
 	}
 	if err := d.rec.Update(programmed); err != nil {
-		d.log.Warn("one-service pass failed; running a full pass", "service", name, "error", err)
+		d.log.Warn("pass over a few services failed; running a full pass", "services", names, "error", err)
 		return false
 	}
 	for k := range d.drainSince {
-		if k.Service == name && !seen[k] {
+		if slices.Contains(names, k.Service) && !seen[k] {
 			delete(d.drainSince, k)
 			delete(d.drainCut, k)
 		}
@@ -80,15 +105,17 @@ func (d *Daemon) applyService(name string) bool {
 	d.reportProgrammed(index)
 
 	nv := *v
-	nv.services = v.services.With(i, desired[0])
-	nv.index = index
+	for k, i := range at {
+		nv.services = nv.services.With(i, desired[k])
+	}
+	nv.index, nv.health = index, states
 	nv.configStates = maps.Clone(v.configStates)
 	for k := range nv.configStates {
-		if k.Service == name {
+		if slices.Contains(names, k.Service) {
 			delete(nv.configStates, k)
 		}
 	}
-	maps.Copy(nv.configStates, r.configStates)
+	maps.Copy(nv.configStates, configStates)
 	nv.bgpVIPs, nv.l2VIPs = nil, nil
 	d.announce(&nv)
 	d.publishFleet(&nv)
@@ -101,4 +128,25 @@ func (d *Daemon) applyService(name string) bool {
 // pass probed, and programs no new backend entry.
 func sameBackendSet(a, b lb.Service) bool {
 	return slices.EqualFunc(a.Backends, b.Backends, func(x, y lb.Backend) bool { return x.Addr == y.Addr })
+}
+
+// maxFewServices is the most services a health burst may touch for its
+// pass to be a partial one: past that, a full pass is cheaper than
+// checking each one.
+const maxFewServices = 64
+
+// applyFlips is the pass after health checks changed the state of the
+// backends flipped: over their services alone when they are few
+// (applyServices), and false when a full pass must run.
+func (d *Daemon) applyFlips(flipped []health.Key) bool {
+	var names []string
+	for _, k := range flipped {
+		if !slices.Contains(names, k.Service) {
+			if len(names) == maxFewServices {
+				return false
+			}
+			names = append(names, k.Service)
+		}
+	}
+	return d.applyServices(names, flipped)
 }

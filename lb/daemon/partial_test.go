@@ -3,10 +3,13 @@
 package daemon
 
 import (
+	"context"
+	"errors"
 	"iter"
 	"log/slog"
 	"net/netip"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -122,7 +125,7 @@ func TestOneServicePass(t *testing.T) {
 					d.overrides.m[k] = override{overrideKey: k, State: st.state, Since: time.Now()}
 				}
 				f.ResetOps()
-				if !d.applyService(st.service) {
+				if !d.applyServices([]string{st.service}, nil) {
 					t.Fatalf("override of %s: the one-service pass declined", k)
 				}
 				for _, op := range f.Ops() {
@@ -175,13 +178,123 @@ func TestOneServicePass(t *testing.T) {
 	}
 }
 
+// downSet is a health checker whose verdicts the test sets: a backend
+// address in the set fails its check.
+type downSet struct{ m sync.Map }
+
+func (s *downSet) Check(_ context.Context, t health.Target) error {
+	if _, down := s.m.Load(t.Addr); down {
+		return errors.New("down by the test")
+	}
+	return nil
+}
+
+// TestHealthFlipPass: when a health check flips a backend, the pass over
+// its service alone (applyFlips) programs and publishes what a full pass
+// would, and writes nothing for the other services.
+func TestHealthFlipPass(t *testing.T) {
+	doc := passConfig + `[[service]]
+name = "h"
+vip = "192.0.2.4"
+port = 80
+protocol = "tcp"
+[service.health]
+type = "tcp"
+interval = "20ms"
+rise = 1
+fall = 1
+[[service.backend]]
+address = "198.51.100.7"
+port = 80
+[[service.backend]]
+address = "198.51.100.8"
+port = 80
+[[service.backend]]
+address = "198.51.100.9"
+port = 80
+`
+	d := testDaemon(t, doc)
+	f := reconcilertest.NewFake()
+	f.CheckEachOp(true)
+	d.rec = reconciler.New(reconciler.Config{Seed: d.cfg.Maglev.Seed, MaxServices: 16, MaxBackends: 64}, f, slog.New(slog.DiscardHandler))
+	checks := &downSet{}
+	d.health = health.New(health.Options{Log: slog.New(slog.DiscardHandler), Damping: health.Damping{Off: true},
+		NewChecker: func(lb.HealthCheck) (health.Checker, error) { return checks, nil }})
+	t.Cleanup(d.health.Stop)
+	d.supported = func(lb.Service) error { return nil }
+	d.merger.Update(discovery.Snapshot{Source: "file:test.toml", Services: d.cfg.Services})
+	if err := d.apply(); err != nil {
+		t.Fatalf("first pass: %v", err)
+	}
+	var hID reconciler.ServiceID
+	for _, s := range d.rec.Programmed().Services {
+		if s.Service.Name == "h" {
+			hID = s.ID
+		}
+	}
+	// waitFlip waits for the checker's verdict on backend to reach
+	// state, and returns the keys of the events that said so.
+	waitFlip := func(backend netip.AddrPort, state health.State) []health.Key {
+		t.Helper()
+		timeout := time.After(30 * time.Second)
+		for {
+			select {
+			case ev := <-d.health.Events():
+				if ev.Backend == backend && ev.State == state {
+					return []health.Key{{Service: ev.Service, Backend: ev.Backend}}
+				}
+			case <-timeout:
+				t.Fatalf("%s never went %v", backend, state)
+			}
+		}
+	}
+	b := netip.MustParseAddrPort("198.51.100.8:80")
+	for _, state := range []health.State{health.Down, health.Up} {
+		if state == health.Down {
+			checks.m.Store(b, true)
+		} else {
+			checks.m.Delete(b)
+		}
+		flipped := waitFlip(b, state)
+		f.ResetOps()
+		if !d.applyFlips(flipped) {
+			t.Fatalf("%s went %v: the pass over its service declined", b, state)
+		}
+		for _, op := range f.Ops() {
+			if op.Service != reconciler.NoService && op.Service != hID {
+				t.Errorf("the pass for h wrote service id %d: %s", op.Service, op)
+			}
+		}
+		one := d.view.Load()
+		if got := healthName(healthOf(one, one.services.At(one.pos["h"]), lb.Backend{Addr: b})); (state == health.Down) != (got == "unhealthy") {
+			t.Errorf("after %s went %v the view shows it %s", b, state, got)
+		}
+		f.ResetOps()
+		if err := d.apply(); err != nil {
+			t.Fatalf("full pass: %v", err)
+		}
+		if ops := f.Ops(); len(ops) != 0 {
+			t.Errorf("a full pass after the pass over h still wrote %v", ops)
+		}
+		full := d.view.Load()
+		fp, _ := full.index.get(one.services.At(one.pos["h"]).Frontend)
+		op, _ := one.index.get(one.services.At(one.pos["h"]).Frontend)
+		if fp.fingerprint != op.fingerprint || !slices.Equal(fp.Table, op.Table) {
+			t.Errorf("after %s went %v: h's table differs between the full pass and the pass over h", b, state)
+		}
+		if slices.Contains(op.Table, op.ids[b]) == (state == health.Down) {
+			t.Errorf("after %s went %v, h's table names it: %v", b, state, slices.Contains(op.Table, op.ids[b]))
+		}
+	}
+}
+
 // TestOneServicePassDeclines: what the one-service pass cannot prove it
 // does like a full pass, it leaves to one, having changed nothing.
 func TestOneServicePassDeclines(t *testing.T) {
 	t.Run("unknown service", func(t *testing.T) {
 		d, f := passDaemon(t)
 		f.ResetOps()
-		if d.applyService("nope") || len(f.Ops()) != 0 {
+		if d.applyServices([]string{"nope"}, nil) || len(f.Ops()) != 0 {
 			t.Errorf("a pass for a service not in the view ran (ops %v)", f.Ops())
 		}
 	})
@@ -191,7 +304,7 @@ func TestOneServicePassDeclines(t *testing.T) {
 		v.recErr = "a failed write"
 		d.view.Store(&v)
 		f.ResetOps()
-		if d.applyService("a") || len(f.Ops()) != 0 {
+		if d.applyServices([]string{"a"}, nil) || len(f.Ops()) != 0 {
 			t.Errorf("a one-service pass ran over a failed full pass (ops %v)", f.Ops())
 		}
 	})
@@ -199,7 +312,7 @@ func TestOneServicePassDeclines(t *testing.T) {
 		d, f := passDaemon(t)
 		d.merger.Update(discovery.Snapshot{Source: "file:test.toml", Services: d.cfg.Services[1:]})
 		f.ResetOps()
-		if d.applyService("a") || len(f.Ops()) != 0 {
+		if d.applyServices([]string{"a"}, nil) || len(f.Ops()) != 0 {
 			t.Errorf("a one-service pass ran for a service the sources dropped (ops %v)", f.Ops())
 		}
 	})
@@ -212,7 +325,7 @@ func TestOneServicePassDeclines(t *testing.T) {
 		svcs[0].Backends = append(svcs[0].Backends, lb.Backend{Addr: netip.MustParseAddrPort("198.51.100.9:80"), Weight: 1})
 		d.merger.Update(discovery.Snapshot{Source: "file:test.toml", Services: svcs})
 		f.ResetOps()
-		if d.applyService("a") || len(f.Ops()) != 0 {
+		if d.applyServices([]string{"a"}, nil) || len(f.Ops()) != 0 {
 			t.Errorf("a one-service pass ran for a service with a new backend (ops %v)", f.Ops())
 		}
 	})

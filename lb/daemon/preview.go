@@ -28,7 +28,7 @@ func (d *Daemon) preview(cfg *config.Config) []change.Service {
 	merged, _ := m.Desired()
 	r := d.resolve(merged, cfg.Defaults())
 	v := d.view.Load()
-	programmed, _ := d.applyHealth(r.desired, v.health)
+	programmed, _ := d.applyHealth(r.desired, v.health.Get)
 	seed := d.cfg.Maglev.Seed
 
 	old := map[string]change.Side{}

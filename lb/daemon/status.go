@@ -140,7 +140,7 @@ func (d *Daemon) apiService(v *view, svc lb.Service, conns map[datapath.FlowOwne
 			ab.ConfigState = cs.String()
 		}
 		ab.Health = healthName(healthOf(v, svc, b))
-		if st, ok := states[health.Key{Service: svc.Name, Backend: b.Addr}]; ok && st.State == health.Down {
+		if st, ok := states.Get(health.Key{Service: svc.Name, Backend: b.Addr}); ok && st.State == health.Down {
 			ab.HealthError = st.LastError
 		}
 		if id, ok := ps.ids[b.Addr]; ok {

@@ -194,6 +194,18 @@ func (m *Manager) Up(service string, backend netip.AddrPort) bool {
 	return p.tr.state == Up
 }
 
+// Status returns the status of one checked backend, and false when it is
+// not checked.
+func (m *Manager) Status(k Key) (Status, bool) {
+	m.mu.Lock()
+	p := m.probers[k]
+	m.mu.Unlock()
+	if p == nil {
+		return Status{}, false
+	}
+	return p.status(time.Now()), true
+}
+
 // States returns the status of every checked backend.
 func (m *Manager) States() map[Key]Status {
 	m.mu.Lock()
