@@ -19,6 +19,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/l4lb/l4lb/internal/cow"
 	"github.com/l4lb/l4lb/lb"
 )
 
@@ -105,14 +106,23 @@ type Merger struct {
 	seq       uint64
 
 	// merged and conflicts are the last merge, valid while fresh: no
-	// snapshot changed since. A pass that changes no snapshot (a health
-	// flip, an override) then costs a copy of the merge, not a merge.
-	// merged shares memory with the snapshots: never written.
-	merged    []lb.Service
+	// snapshot changed since, but for changes within services that
+	// Update applied to merged itself. A pass that changes no snapshot
+	// (a health flip, an override) then costs a copy of the merge, not a
+	// merge. merged shares memory with the snapshots and with clones of
+	// the merger: never written, only replaced.
+	merged    cow.Slice[lb.Service]
 	conflicts []Conflict
 	fresh     bool
 	// byName indexes merged by service name.
 	byName map[string]int
+
+	// changed are the services whose merged definition Update changed
+	// since the last Changes; all says that the changes went further
+	// (services came, went, moved or collided) and only a full merge
+	// says what changed.
+	changed []string
+	all     bool
 }
 
 // NewMerger returns an empty merger.
@@ -125,14 +135,34 @@ func NewMerger() *Merger {
 	}
 }
 
-// Update replaces the snapshot of s.Source.
+// Update replaces the snapshot of s.Source. A service the source had
+// before, unchanged, keeps the copy the merger made of it then. When the
+// snapshot changes services of the source only within themselves (same
+// names and frontends, none in conflict), the last merge is updated for
+// those services alone and Changes names them.
 func (m *Merger) Update(s Snapshot) {
+	old := m.snapshots[s.Source]
+	oldAt := make(map[string]int, len(old.Services))
+	for i, svc := range old.Services {
+		oldAt[svc.Name] = i
+	}
 	svcs := make([]lb.Service, len(s.Services))
+	var changed []string
+	structural := len(s.Services) != len(old.Services)
 	for i, svc := range s.Services {
-		svcs[i] = svc.Clone()
-		if svcs[i].Source == "" {
-			svcs[i].Source = s.Source
+		if svc.Source == "" {
+			svc.Source = s.Source
 		}
+		j, had := oldAt[svc.Name]
+		switch {
+		case had && old.Services[j].Equal(svc):
+			svcs[i] = old.Services[j]
+			continue
+		case !had || old.Services[j].Frontend != svc.Frontend:
+			structural = true
+		}
+		svcs[i] = svc.Clone()
+		changed = append(changed, svc.Name)
 	}
 	m.snapshots[s.Source] = Snapshot{Source: s.Source, Services: svcs}
 	names := make(map[string]lb.Frontend, len(svcs))
@@ -140,29 +170,58 @@ func (m *Merger) Update(s Snapshot) {
 		names[svc.Name] = svc.Frontend
 	}
 	m.live[s.Source] = names
-	m.fresh = false
+	if !m.fresh || structural || len(m.conflicts) > 0 {
+		m.fresh, m.all = false, true
+		return
+	}
+	// Every name and frontend stays where it was and nothing collides,
+	// so the claims hold: the merge changes in these services only.
+	merged := m.merged
+	for _, name := range changed {
+		k, ok := m.byName[name]
+		if !ok || merged.At(k).Source != s.Source {
+			m.fresh, m.all = false, true
+			return
+		}
+		merged = merged.With(k, svcs[slices.IndexFunc(svcs, func(x lb.Service) bool { return x.Name == name })])
+	}
+	m.merged = merged
+	m.changed = append(m.changed, changed...)
+}
+
+// Changes returns the services whose merged definition changed since the
+// last call, or all = true when only a full merge can tell (services came,
+// went, changed frontend or collided; a source was removed; the first
+// merge). It forgets them.
+func (m *Merger) Changes() (names []string, all bool) {
+	names, all = m.changed, m.all
+	m.changed, m.all = nil, false
+	if all {
+		names = nil
+	}
+	return names, all
 }
 
 // Clone returns an independent copy of m, for asking what Desired would
 // return after an Update without making it (a preview of a change).
 func (m *Merger) Clone() *Merger {
 	return &Merger{snapshots: maps.Clone(m.snapshots), live: maps.Clone(m.live), frontends: maps.Clone(m.frontends), names: maps.Clone(m.names), seq: m.seq,
-		merged: m.merged, conflicts: m.conflicts, fresh: m.fresh, byName: m.byName}
+		merged: m.merged, conflicts: m.conflicts, fresh: m.fresh, byName: m.byName, changed: slices.Clone(m.changed), all: m.all}
 }
 
 // Remove forgets a source (it stopped, or was removed from the config).
 func (m *Merger) Remove(source string) {
 	delete(m.snapshots, source)
 	delete(m.live, source)
-	m.fresh = false
+	m.fresh, m.all = false, true
 }
 
 // Desired returns the merged services, sorted by frontend, and the
 // conflicts that kept services out. Both are the caller's to modify.
 func (m *Merger) Desired() ([]lb.Service, []Conflict) {
 	m.merge()
-	out := make([]lb.Service, len(m.merged))
-	for i, svc := range m.merged {
+	out := make([]lb.Service, m.merged.Len())
+	for i, svc := range m.merged.All() {
 		out[i] = svc.Clone()
 	}
 	if len(out) == 0 {
@@ -175,7 +234,7 @@ func (m *Merger) Desired() ([]lb.Service, []Conflict) {
 func (m *Merger) Service(name string) (lb.Service, bool) {
 	m.merge()
 	if i, ok := m.byName[name]; ok {
-		return m.merged[i].Clone(), true
+		return m.merged.At(i).Clone(), true
 	}
 	return lb.Service{}, false
 }
@@ -243,5 +302,5 @@ func (m *Merger) merge() {
 			byName[svc.Name] = i
 		}
 	}
-	m.merged, m.conflicts, m.fresh, m.byName = out, conflicts, true, byName
+	m.merged, m.conflicts, m.fresh, m.byName = cow.SliceOf(out), conflicts, true, byName
 }

@@ -3,6 +3,8 @@
 package discovery
 
 import (
+	"fmt"
+	"math/rand/v2"
 	"net/netip"
 	"slices"
 	"strings"
@@ -145,4 +147,92 @@ func TestMergerReusesMerge(t *testing.T) {
 	if got, conflicts := m.Desired(); !slices.Equal(names(got), []string{"a/web"}) || len(conflicts) != 0 {
 		t.Fatalf("after Remove: %v %v", names(got), conflicts)
 	}
+}
+
+// TestMergerChanges updates random sources with random snapshots (backends
+// changed, services added, removed, renamed, moved to another frontend,
+// colliding across sources) and checks after each that the merge kept up
+// in place equals a full merge of the same snapshots, and that Changes
+// names every service whose merged definition moved, or says all.
+func TestMergerChanges(t *testing.T) {
+	for _, collide := range []bool{true, false} {
+		t.Run(fmt.Sprintf("collisions=%v", collide), func(t *testing.T) { testMergerChanges(t, collide) })
+	}
+}
+
+func testMergerChanges(t *testing.T, collide bool) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	m := NewMerger()
+	sources := []string{"a-file", "b-consul", "c-kubernetes"}
+	defs := map[string]map[int]lb.Service{}
+	for _, src := range sources {
+		defs[src] = map[int]lb.Service{}
+	}
+	prev, _ := m.Desired()
+	m.Changes()
+	partial := 0
+	for step := range 2000 {
+		src := sources[rng.IntN(len(sources))]
+		for range 1 + rng.IntN(3) {
+			i := rng.IntN(12)
+			switch r := rng.IntN(30); {
+			case r == 0:
+				delete(defs[src], i)
+			case r == 1 && collide:
+				// Another source's frontend, or a fresh one.
+				defs[src][i] = svc(fmt.Sprintf("s%d", i), fmt.Sprintf("10.0.0.%d", rng.IntN(30)), 80)
+			default:
+				s, ok := defs[src][i]
+				if !ok {
+					s = svc(fmt.Sprintf("%s-s%d", src, i), fmt.Sprintf("10.%d.0.%d", len(src), i), 80)
+				}
+				s = s.Clone()
+				s.Backends = append(s.Backends[:0:0], lb.Backend{Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 9, byte(i), byte(rng.IntN(4))}), 80), Weight: uint32(1 + rng.IntN(3))})
+				defs[src][i] = s
+			}
+		}
+		var snap []lb.Service
+		for i := range 12 {
+			if s, ok := defs[src][i]; ok {
+				snap = append(snap, s)
+			}
+		}
+		m.Update(Snapshot{Source: src, Services: snap})
+		changed, all := m.Changes()
+		got, gotConflicts := m.Desired()
+
+		full := m.Clone()
+		full.fresh = false
+		want, wantConflicts := full.Desired()
+		// Which of two collisions a conflict reports may depend on the
+		// order claims were made in; who is left out may not.
+		left := func(cs []Conflict) []string {
+			var out []string
+			for _, c := range cs {
+				out = append(out, c.Source+"/"+c.Service)
+			}
+			slices.Sort(out)
+			return out
+		}
+		if !slices.EqualFunc(got, want, lb.Service.Equal) || !slices.Equal(left(gotConflicts), left(wantConflicts)) {
+			t.Fatalf("step %d (all=%v): the merge kept up in place differs from a full merge:\n%v %v\n%v %v", step, all, names(got), left(gotConflicts), names(want), left(wantConflicts))
+		}
+		if !all {
+			partial++
+			before := map[string]lb.Service{}
+			for _, s := range prev {
+				before[s.Name] = s
+			}
+			for _, s := range got {
+				if b, ok := before[s.Name]; (!ok || !b.Equal(s)) && !slices.Contains(changed, s.Name) {
+					t.Fatalf("step %d: %s changed but Changes named only %v", step, s.Name, changed)
+				}
+			}
+		}
+		prev = got
+	}
+	if partial == 0 {
+		t.Fatal("no update was kept up in place: the test does not exercise it")
+	}
+	t.Logf("%d of 2000 updates kept up in place", partial)
 }

@@ -11,6 +11,7 @@ package lb
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"time"
 )
@@ -368,6 +369,15 @@ type HealthCheck struct {
 	// UDP: an optional payload sent and a substring expected in the reply.
 	Send   string
 	Expect string
+}
+
+// Equal reports whether s and o define the same service, field by field
+// (backends and source ranges in order).
+func (s Service) Equal(o Service) bool {
+	return s.Name == o.Name && s.Frontend == o.Frontend && s.Mode == o.Mode && s.Dispatch == o.Dispatch &&
+		s.TableSize == o.TableSize && s.Algorithm == o.Algorithm && s.Affinity == o.Affinity &&
+		s.Health == o.Health && s.DrainTimeout == o.DrainTimeout && s.Announce == o.Announce && s.Source == o.Source &&
+		slices.Equal(s.Backends, o.Backends) && slices.Equal(s.SourceRanges, o.SourceRanges)
 }
 
 // Clone returns a deep copy of s, so snapshots can be handed between

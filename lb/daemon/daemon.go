@@ -437,8 +437,17 @@ func (d *Daemon) loop(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case snap := <-d.snaps:
+			waiting := len(d.waitingFor) > 0
 			d.update(snap)
 			d.sourceAnswered(snap.Source)
+			// A source that changed services it had, within
+			// themselves, costs a pass over those services.
+			if names, all := d.merger.Changes(); !all && !waiting {
+				if len(names) == 0 || (len(names) <= maxFewServices && d.applyServices(names, nil)) {
+					backoff = time.Second
+					continue
+				}
+			}
 		case ev := <-d.health.Events():
 			// Coalesce a burst of health changes into one pass, over
 			// the services they touch when they are few.
@@ -690,6 +699,8 @@ func keepRunning(running, cur *config.Config) []string {
 // apply merges, resolves defaults, drops what the datapath cannot serve
 // and reconciles; it publishes a new view for the API.
 func (d *Daemon) apply() error {
+	// A full pass covers whatever the sources changed.
+	d.merger.Changes()
 	merged, conflicts := d.merger.Desired()
 	r := d.resolve(merged, d.cfg.Defaults())
 	desired, rejected, refused, seen, configStates := r.desired, r.rejected, r.refused, r.seen, r.configStates

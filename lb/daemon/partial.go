@@ -14,9 +14,10 @@ import (
 )
 
 // applyServices is apply for a change that can only touch the services
-// named: a runtime override of a backend, or a health check's verdict on
+// named: a runtime override of a backend, a health check's verdict on
 // backends of a few services (flipped names the backends whose state
-// changed). It redoes those services' share of the pass (resolve, drain
+// changed), or a source's new definition of services it already had
+// (discovery.Merger.Changes). It redoes those services' share of the pass (resolve, drain
 // timeouts, health) from the sources' merge, programs them with
 // reconciler.Update, which compares and writes nothing else, and publishes
 // a view that differs from the last one in those services and backends
@@ -28,8 +29,10 @@ import (
 // then runs apply. That is the case when the last pass left an error to
 // retry, a service is not in the last view (new, refused, or in conflict),
 // one resolves to something other than one programmable service with the
-// same frontend and backends (a rejection, a new backend), its health
-// verdict carries a warning now or did before, and when Update fails.
+// same frontend (a rejection), its health verdict carries a warning now or
+// did before, and when Update fails. A service whose backends changed has
+// its probes updated (health.Manager.UpdateServices) once its new
+// backends have ids, as the full pass does.
 func (d *Daemon) applyServices(names []string, flipped []health.Key) bool {
 	v := d.view.Load()
 	if v == nil || v.recErr != "" || v.pos == nil || len(names) == 0 {
@@ -49,6 +52,7 @@ func (d *Daemon) applyServices(names []string, flipped []health.Key) bool {
 	}
 	at := make([]int, 0, len(names))
 	desired := make([]lb.Service, 0, len(names))
+	var moved []int // desired[k] whose backend set changed
 	configStates := map[overrideKey]lb.BackendState{}
 	for _, name := range names {
 		i, ok := v.pos[name]
@@ -61,8 +65,11 @@ func (d *Daemon) applyServices(names []string, flipped []health.Key) bool {
 			return false
 		}
 		r := d.resolve([]lb.Service{merged}, d.cfg.Defaults())
-		if len(r.desired) != 1 || !sameBackendSet(r.desired[0], prev) || r.desired[0].Frontend != prev.Frontend {
+		if len(r.desired) != 1 || r.desired[0].Frontend != prev.Frontend {
 			return false
+		}
+		if !sameBackendSet(r.desired[0], prev) {
+			moved = append(moved, len(desired))
 		}
 		warned := fmt.Sprintf("service %q:", name)
 		if slices.ContainsFunc(v.healthWarnings, func(w string) bool { return strings.HasPrefix(w, warned) }) {
@@ -103,6 +110,30 @@ func (d *Daemon) applyServices(names []string, flipped []health.Key) bool {
 	index := updateIndex(d.index, d.cfg.Maglev.Seed, changed, gone, programmed)
 	d.index = index
 	d.reportProgrammed(index)
+	if len(moved) > 0 {
+		probe := make([]lb.Service, len(moved))
+		for j, k := range moved {
+			probe[j] = desired[k]
+		}
+		d.health.UpdateServices(probe, healthTargets(index))
+		// The view shows the states this pass programmed: a backend
+		// that left has none, one that came its initial state.
+		e := states.Edit()
+		for j, k := range moved {
+			for _, b := range v.services.At(at[k]).Backends {
+				e.Delete(health.Key{Service: probe[j].Name, Backend: b.Addr})
+			}
+			for _, b := range probe[j].Backends {
+				k := health.Key{Service: probe[j].Name, Backend: b.Addr}
+				if st, ok := states.Get(k); ok {
+					e.Set(k, st)
+				} else if st, ok := d.health.Status(k); ok {
+					e.Set(k, st)
+				}
+			}
+		}
+		states = e.Map()
+	}
 
 	nv := *v
 	for k, i := range at {
@@ -125,7 +156,7 @@ func (d *Daemon) applyServices(names []string, flipped []health.Key) bool {
 
 // sameBackendSet reports whether a and b list the same backend addresses
 // in the same order: then a pass over one of them probes what the last
-// pass probed, and programs no new backend entry.
+// pass probed.
 func sameBackendSet(a, b lb.Service) bool {
 	return slices.EqualFunc(a.Backends, b.Backends, func(x, y lb.Backend) bool { return x.Addr == y.Addr })
 }

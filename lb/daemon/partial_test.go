@@ -93,6 +93,9 @@ func TestOneServicePass(t *testing.T) {
 		backend string
 		state   lb.BackendState
 		clear   bool
+		// backends, when set, is the service's new backend list from
+		// its source instead of an override.
+		backends []string
 	}
 	tests := []struct {
 		name  string
@@ -109,6 +112,15 @@ func TestOneServicePass(t *testing.T) {
 			{service: "b", backend: "198.51.100.4:80", clear: true},
 		}},
 		{name: "last backend disabled", steps: []step{{service: "c", backend: "198.51.100.6:443", state: lb.Disabled}}},
+		{name: "source replaces a backend", steps: []step{{service: "a", backends: []string{"198.51.100.1:80", "198.51.100.2:80", "198.51.100.10:80"}}}},
+		{name: "source adds then removes backends", steps: []step{
+			{service: "b", backends: []string{"198.51.100.4:80", "198.51.100.5:80", "198.51.100.11:80", "198.51.100.12:80"}},
+			{service: "b", backends: []string{"198.51.100.12:80"}},
+		}},
+		{name: "override then source", steps: []step{
+			{service: "a", backend: "198.51.100.1:80", state: lb.Draining},
+			{service: "a", backends: []string{"198.51.100.1:80", "198.51.100.3:80"}},
+		}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -117,23 +129,45 @@ func TestOneServicePass(t *testing.T) {
 			for _, s := range d.rec.Programmed().Services {
 				ids[s.Service.Name] = s.ID
 			}
+			svcs := make([]lb.Service, len(d.cfg.Services))
+			for i, s := range d.cfg.Services {
+				svcs[i] = s.Clone()
+			}
 			for _, st := range tc.steps {
-				k := overrideKey{Service: st.service, Backend: netip.MustParseAddrPort(st.backend)}
-				if st.clear {
+				var k overrideKey
+				switch {
+				case st.backends != nil:
+					for i := range svcs {
+						if svcs[i].Name != st.service {
+							continue
+						}
+						svcs[i] = svcs[i].Clone()
+						svcs[i].Backends = nil
+						for _, b := range st.backends {
+							svcs[i].Backends = append(svcs[i].Backends, lb.Backend{Addr: netip.MustParseAddrPort(b), Weight: 1})
+						}
+					}
+					d.merger.Update(discovery.Snapshot{Source: "file:test.toml", Services: svcs})
+					if names, all := d.merger.Changes(); all || !slices.Equal(names, []string{st.service}) {
+						t.Fatalf("the merger reports changes %v (all %v), want %q alone", names, all, st.service)
+					}
+				case st.clear:
+					k = overrideKey{Service: st.service, Backend: netip.MustParseAddrPort(st.backend)}
 					delete(d.overrides.m, k)
-				} else {
+				default:
+					k = overrideKey{Service: st.service, Backend: netip.MustParseAddrPort(st.backend)}
 					d.overrides.m[k] = override{overrideKey: k, State: st.state, Since: time.Now()}
 				}
 				f.ResetOps()
 				if !d.applyServices([]string{st.service}, nil) {
-					t.Fatalf("override of %s: the one-service pass declined", k)
+					t.Fatalf("step %+v: the one-service pass declined", st)
 				}
 				for _, op := range f.Ops() {
 					if op.Service != reconciler.NoService && op.Service != ids[st.service] {
 						t.Errorf("the pass for %q wrote service id %d: %s", st.service, op.Service, op)
 					}
 				}
-				if st.service == "b" && !st.clear {
+				if st.service == "b" && !st.clear && st.backends == nil {
 					if _, ok := d.drainSince[k]; !ok || d.drainNext.IsZero() {
 						t.Errorf("draining %s with a drain timeout started no clock (since %v, timer at %v)", k, d.drainSince[k], d.drainNext)
 					}
@@ -286,6 +320,52 @@ port = 80
 			t.Errorf("after %s went %v, h's table names it: %v", b, state, slices.Contains(op.Table, op.ids[b]))
 		}
 	}
+
+	// The source swaps a checked backend for a new one: the pass over h
+	// probes the new one and forgets the old one, as a full pass does.
+	svcs := make([]lb.Service, len(d.cfg.Services))
+	for i, s := range d.cfg.Services {
+		svcs[i] = s.Clone()
+	}
+	h := &svcs[len(svcs)-1]
+	gone, added := h.Backends[0].Addr, netip.MustParseAddrPort("198.51.100.20:80")
+	h.Backends[0].Addr = added
+	d.merger.Update(discovery.Snapshot{Source: "file:test.toml", Services: svcs})
+	if names, all := d.merger.Changes(); all || !slices.Equal(names, []string{"h"}) {
+		t.Fatalf("the merger reports changes %v (all %v), want h alone", names, all)
+	}
+	if !d.applyServices([]string{"h"}, nil) {
+		t.Fatal("the pass over h declined a new backend")
+	}
+	one := d.view.Load()
+	if _, ok := one.health.Get(health.Key{Service: "h", Backend: added}); !ok {
+		t.Errorf("the view has no health state for h's new backend")
+	}
+	if _, ok := one.health.Get(health.Key{Service: "h", Backend: gone}); ok {
+		t.Errorf("the view keeps the health state of h's removed backend")
+	}
+	if _, ok := d.health.Status(health.Key{Service: "h", Backend: added}); !ok {
+		t.Errorf("h's new backend is not probed")
+	}
+	f.ResetOps()
+	if err := d.apply(); err != nil {
+		t.Fatalf("full pass: %v", err)
+	}
+	if ops := f.Ops(); len(ops) != 0 {
+		t.Errorf("a full pass after the pass over h still wrote %v", ops)
+	}
+	full := d.view.Load()
+	keys := func(m cow.Map[health.Key, health.Status]) []string {
+		var out []string
+		for k := range m.All() {
+			out = append(out, k.Service+"/"+k.Backend.String())
+		}
+		slices.Sort(out)
+		return out
+	}
+	if !slices.Equal(keys(full.health), keys(one.health)) {
+		t.Errorf("health states of the full pass %v, of the pass over h %v", keys(full.health), keys(one.health))
+	}
 }
 
 // TestOneServicePassDeclines: what the one-service pass cannot prove it
@@ -316,17 +396,20 @@ func TestOneServicePassDeclines(t *testing.T) {
 			t.Errorf("a one-service pass ran for a service the sources dropped (ops %v)", f.Ops())
 		}
 	})
-	t.Run("backend added", func(t *testing.T) {
+	t.Run("frontend moved", func(t *testing.T) {
 		d, f := passDaemon(t)
 		svcs := make([]lb.Service, len(d.cfg.Services))
 		for i, s := range d.cfg.Services {
 			svcs[i] = s.Clone()
 		}
-		svcs[0].Backends = append(svcs[0].Backends, lb.Backend{Addr: netip.MustParseAddrPort("198.51.100.9:80"), Weight: 1})
+		svcs[0].Frontend.Port = 8080
 		d.merger.Update(discovery.Snapshot{Source: "file:test.toml", Services: svcs})
+		if _, all := d.merger.Changes(); !all {
+			t.Errorf("the merger kept up in place with a service that moved")
+		}
 		f.ResetOps()
 		if d.applyServices([]string{"a"}, nil) || len(f.Ops()) != 0 {
-			t.Errorf("a one-service pass ran for a service with a new backend (ops %v)", f.Ops())
+			t.Errorf("a one-service pass ran for a service that moved to another frontend (ops %v)", f.Ops())
 		}
 	})
 }

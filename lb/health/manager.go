@@ -51,6 +51,8 @@ type Manager struct {
 
 	mu      sync.Mutex
 	probers map[Key]*prober
+	// bySvc indexes probers' backends by service, for UpdateServices.
+	bySvc   map[string]map[netip.AddrPort]bool
 	stopped bool
 
 	// Events wait in queue until the dispatcher hands them to out, so that a
@@ -93,6 +95,7 @@ func New(opts Options) *Manager {
 		opts:    opts,
 		log:     log,
 		probers: map[Key]*prober{},
+		bySvc:   map[string]map[netip.AddrPort]bool{},
 		wake:    make(chan struct{}, 1),
 		out:     make(chan Event),
 		quit:    make(chan struct{}),
@@ -124,6 +127,24 @@ func (m *Manager) Events() <-chan Event { return m.out }
 // place, so Up and States answer for services right after it; new backends
 // start in Options.Initial. After Stop, Update does nothing.
 func (m *Manager) Update(services []lb.Service, targets func(svc lb.Service, b lb.Backend) Target) {
+	m.update(services, targets, nil)
+}
+
+// UpdateServices is Update for the services given only: the probers of
+// every other service are left as they are, whatever the list holds.
+// A change to a few services then costs those services, not a walk of
+// every prober's spec.
+func (m *Manager) UpdateServices(services []lb.Service, targets func(svc lb.Service, b lb.Backend) Target) {
+	only := make(map[string]bool, len(services))
+	for _, svc := range services {
+		only[svc.Name] = true
+	}
+	m.update(services, targets, only)
+}
+
+// update is Update over the probers of the services in only (every
+// prober when only is nil).
+func (m *Manager) update(services []lb.Service, targets func(svc lb.Service, b lb.Backend) Target, only map[string]bool) {
 	if targets == nil {
 		targets = Direct
 	}
@@ -153,7 +174,28 @@ func (m *Manager) Update(services []lb.Service, targets func(svc lb.Service, b l
 	}
 	replaced := map[Key]*prober{}
 	var ending []*prober
-	for k, p := range m.probers {
+	consider := func(yield func(Key, *prober) bool) {
+		if only == nil {
+			for k, p := range m.probers {
+				if !yield(k, p) {
+					return
+				}
+			}
+			return
+		}
+		var keys []Key
+		for name := range only {
+			for b := range m.bySvc[name] {
+				keys = append(keys, Key{Service: name, Backend: b})
+			}
+		}
+		for _, k := range keys {
+			if !yield(k, m.probers[k]) {
+				return
+			}
+		}
+	}
+	for k, p := range consider {
 		s, ok := want[k]
 		if ok && s == p.spec {
 			continue
@@ -161,6 +203,12 @@ func (m *Manager) Update(services []lb.Service, targets func(svc lb.Service, b l
 		p.cancel()
 		ending = append(ending, p)
 		delete(m.probers, k)
+		if bs := m.bySvc[k.Service]; bs != nil {
+			delete(bs, k.Backend)
+			if len(bs) == 0 {
+				delete(m.bySvc, k.Service)
+			}
+		}
 		if ok {
 			replaced[k] = p
 		}
@@ -274,6 +322,10 @@ func (m *Manager) start(k Key, s spec, old *prober, now time.Time) {
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &prober{key: k, spec: s, cancel: cancel, done: make(chan struct{}), tr: tr}
 	m.probers[k] = p
+	if m.bySvc[k.Service] == nil {
+		m.bySvc[k.Service] = map[netip.AddrPort]bool{}
+	}
+	m.bySvc[k.Service][k.Backend] = true
 	go m.probe(ctx, p, checker)
 }
 

@@ -400,3 +400,43 @@ func TestManagerStop(t *testing.T) {
 	}
 	waitFor(t, "the probers' goroutines to end", func() bool { return runtime.NumGoroutine() <= before })
 }
+
+// TestManagerUpdateServices: UpdateServices changes the probers of the
+// services it is given, as Update would, and leaves every other service's
+// probers running untouched, although the list does not name them.
+func TestManagerUpdateServices(t *testing.T) {
+	check := quick(lb.HealthTCP, 1, 1)
+	ok := &script{results: []bool{true}}
+	m := newManager(t, Options{NewChecker: func(lb.HealthCheck) (Checker, error) { return ok, nil }})
+	a1, a2, a3 := netip.MustParseAddrPort("10.1.0.1:80"), netip.MustParseAddrPort("10.1.0.2:80"), netip.MustParseAddrPort("10.1.0.3:80")
+	b1 := netip.MustParseAddrPort("10.2.0.1:80")
+	m.Update([]lb.Service{service("a", check, a1, a2), service("b", check, b1)}, nil)
+	before := map[Key]*prober{}
+	m.mu.Lock()
+	for k, p := range m.probers {
+		before[k] = p
+	}
+	m.mu.Unlock()
+
+	// a loses a2 and gains a3; b is not in the list and keeps its prober.
+	m.UpdateServices([]lb.Service{service("a", check, a1, a3)}, nil)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	want := []Key{{"a", a1}, {"a", a3}, {"b", b1}}
+	if len(m.probers) != len(want) {
+		t.Fatalf("%d probers after UpdateServices, want %d", len(m.probers), len(want))
+	}
+	for _, k := range want {
+		if m.probers[k] == nil {
+			t.Errorf("no prober for %v", k)
+		}
+	}
+	for _, k := range []Key{{"a", a1}, {"b", b1}} {
+		if m.probers[k] != before[k] {
+			t.Errorf("the prober of %v was restarted", k)
+		}
+	}
+	if got := len(m.bySvc["a"]); got != 2 || !m.bySvc["a"][a3] || m.bySvc["a"][a2] {
+		t.Errorf("index of a's probers: %v", m.bySvc["a"])
+	}
+}
