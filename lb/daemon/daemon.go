@@ -90,13 +90,12 @@ type Daemon struct {
 	// and that have not answered yet; while any is, the reconciler keeps
 	// unclaimed services.
 	waitingFor map[string]bool
-	// adopted are the frontends pinned in the datapath at start; saved
-	// and saveFailed what update last wrote of each watched source
+	// adopted are the frontends pinned in the datapath at start;
+	// lastGood keeps the watched sources' last snapshots on disk
 	// (lastgood.go).
-	adopted    map[lb.Frontend]bool
-	saved      map[string][]byte
-	saveFailed map[string]bool
-	metrics    *metrics.Recorder
+	adopted  map[lb.Frontend]bool
+	lastGood *lastGoodWriter
+	metrics  *metrics.Recorder
 
 	// ann announces the VIPs (announce.go); nil before the first pass.
 	ann *announcers
@@ -183,8 +182,7 @@ func New(opts Options) (*Daemon, error) {
 		drainCut:   map[overrideKey]bool{},
 		drainTimer: time.NewTimer(time.Hour),
 		metrics:    metrics.NewRecorder(),
-		saved:      map[string][]byte{},
-		saveFailed: map[string]bool{},
+		lastGood:   newLastGoodWriter(opts.Log, cfg.Daemon.AdminSocket),
 	}
 	d.drainTimer.Stop()
 	d.metrics.ConfigLoaded(time.Now())
@@ -247,6 +245,8 @@ func (d *Daemon) Run(ctx context.Context) error {
 		return err
 	}
 	defer lock.Release()
+	// The sources' last snapshots are on disk before the lock goes.
+	defer d.lastGood.flush()
 	ov, err := loadOverrides(cfg.Daemon.AdminSocket)
 	if err != nil {
 		d.log.Warn("backend overrides not restored", "error", err)

@@ -7,7 +7,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/l4lb/l4lb/discovery"
@@ -38,32 +40,117 @@ type lastGood struct {
 // watchedSource says whether snapshots of source are kept.
 func watchedSource(source string) bool { return source == consulSource || source == kubernetesSource }
 
-// update hands a snapshot to the merger and keeps a watched source's last
-// one on disk. Control loop only (or before it starts).
+// update hands a snapshot to the merger and has a watched source's last
+// one kept on disk. Control loop only (or before it starts).
 func (d *Daemon) update(snap discovery.Snapshot) {
 	d.merger.Update(snap)
-	if !watchedSource(snap.Source) {
-		return
+	if watchedSource(snap.Source) {
+		d.lastGood.put(snap.Source, &snap)
 	}
+}
+
+// lastGoodWriter writes the watched sources' files off the control loop:
+// encoding 100,000 services takes longer than programming a change, and
+// a change must not wait for it. For each source only the newest snapshot
+// waits (a newer one replaces it unwritten), and a removal is queued the
+// same way, so the file ends as the last call for it said.
+type lastGoodWriter struct {
+	log    *slog.Logger
+	socket string
+
+	mu      sync.Mutex
+	pending map[string]*discovery.Snapshot // nil: remove the file
+	busy    bool                           // the goroutine runs
+	idle    *sync.Cond
+
+	// saved and failed are what the writer last wrote of each source
+	// and whether its last write failed; writer goroutine only.
+	saved  map[string][]byte
+	failed map[string]bool
+}
+
+func newLastGoodWriter(log *slog.Logger, socket string) *lastGoodWriter {
+	w := &lastGoodWriter{log: log, socket: socket, pending: map[string]*discovery.Snapshot{}, saved: map[string][]byte{}, failed: map[string]bool{}}
+	w.idle = sync.NewCond(&w.mu)
+	return w
+}
+
+// put queues snap (nil: the file's removal) for source.
+func (w *lastGoodWriter) put(source string, snap *discovery.Snapshot) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.pending[source] = snap
+	if !w.busy {
+		w.busy = true
+		go w.run()
+	}
+}
+
+// flush waits until everything queued so far is written.
+func (w *lastGoodWriter) flush() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for w.busy {
+		w.idle.Wait()
+	}
+}
+
+func (w *lastGoodWriter) run() {
+	for {
+		w.mu.Lock()
+		var (
+			source string
+			snap   *discovery.Snapshot
+			found  bool
+		)
+		for source, snap = range w.pending {
+			found = true
+			break
+		}
+		if !found {
+			w.busy = false
+			w.idle.Broadcast()
+			w.mu.Unlock()
+			return
+		}
+		delete(w.pending, source)
+		w.mu.Unlock()
+		if snap == nil {
+			w.remove(source)
+		} else {
+			w.write(*snap)
+		}
+	}
+}
+
+func (w *lastGoodWriter) write(snap discovery.Snapshot) {
 	b, err := json.Marshal(snap.Services)
-	if err == nil && bytes.Equal(b, d.saved[snap.Source]) {
+	if err == nil && bytes.Equal(b, w.saved[snap.Source]) {
 		return // unchanged: most snapshots are, for every change elsewhere
 	}
 	if err == nil {
-		err = saveLastGood(LastGoodPath(d.cfg.Daemon.AdminSocket, snap.Source), lastGood{Source: snap.Source, Saved: time.Now().UTC(), Services: snap.Services})
+		err = saveLastGood(LastGoodPath(w.socket, snap.Source), lastGood{Source: snap.Source, Saved: time.Now().UTC(), Services: snap.Services})
 	}
 	if err != nil {
 		// Forwarding is unaffected; only a restart during an outage of
 		// the source would lack the definitions. Logged once per source.
-		if d.saved[snap.Source] != nil || !d.saveFailed[snap.Source] {
-			d.log.Error("could not keep the source's last services for a restart during its outage", "source", snap.Source, "error", err)
+		if w.saved[snap.Source] != nil || !w.failed[snap.Source] {
+			w.log.Error("could not keep the source's last services for a restart during its outage", "source", snap.Source, "error", err)
 		}
-		delete(d.saved, snap.Source)
-		d.saveFailed[snap.Source] = true
+		delete(w.saved, snap.Source)
+		w.failed[snap.Source] = true
 		return
 	}
-	d.saved[snap.Source] = b
-	delete(d.saveFailed, snap.Source)
+	w.saved[snap.Source] = b
+	delete(w.failed, snap.Source)
+}
+
+func (w *lastGoodWriter) remove(source string) {
+	delete(w.saved, source)
+	path := LastGoodPath(w.socket, source)
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		w.log.Warn("could not remove the services kept of a source turned off", "source", source, "file", path, "error", err)
+	}
 }
 
 func saveLastGood(path string, lg lastGood) error {
@@ -81,15 +168,9 @@ func saveLastGood(path string, lg lastGood) error {
 	return nil
 }
 
-// forgetLastGood removes the file of a source that was turned off: its
-// services must not come back with a later restart.
-func (d *Daemon) forgetLastGood(source string) {
-	delete(d.saved, source)
-	path := LastGoodPath(d.cfg.Daemon.AdminSocket, source)
-	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		d.log.Warn("could not remove the services kept of a source turned off", "source", source, "file", path, "error", err)
-	}
-}
+// forgetLastGood has the file of a source that was turned off removed:
+// its services must not come back with a later restart.
+func (d *Daemon) forgetLastGood(source string) { d.lastGood.put(source, nil) }
 
 // restoreLastGood gives the merger, for a source that has not answered
 // after a restart, its saved services that the adopted datapath holds, so

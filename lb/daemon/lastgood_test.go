@@ -3,10 +3,14 @@
 package daemon
 
 import (
+	"errors"
+	"fmt"
+	"log/slog"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -62,10 +66,12 @@ func TestLastGood(t *testing.T) {
 
 	d := lastGoodDaemon(t, socket)
 	d.update(discovery.Snapshot{Source: d.file.Name(), Services: []lb.Service{{Name: "from-file"}}})
+	d.lastGood.flush()
 	if _, err := os.Stat(LastGoodPath(socket, d.file.Name())); err == nil {
 		t.Error("the file source's snapshot was kept; only watched sources need it")
 	}
 	d.update(discovery.Snapshot{Source: kubernetesSource, Services: []lb.Service{svc, other}})
+	d.lastGood.flush()
 	first, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatalf("the Kubernetes snapshot was not kept: %v", err)
@@ -73,6 +79,7 @@ func TestLastGood(t *testing.T) {
 	// An unchanged snapshot is not written again.
 	time.Sleep(10 * time.Millisecond) // a rewrite would carry a later time
 	d.update(discovery.Snapshot{Source: kubernetesSource, Services: []lb.Service{svc, other}})
+	d.lastGood.flush()
 	if again, _ := os.ReadFile(path); string(again) != string(first) {
 		t.Error("an unchanged snapshot was written again")
 	}
@@ -104,11 +111,43 @@ func TestLastGood(t *testing.T) {
 
 	// Turned off: the file goes.
 	b.forgetLastGood(kubernetesSource)
+	b.lastGood.flush()
 	if _, err := os.Stat(path); !os.IsNotExist(err) {
 		t.Errorf("the file of a source turned off is still there: %v", err)
 	}
 	b.restoreLastGood(kubernetesSource)
 	if got, _ := b.merger.Desired(); len(got) != 0 {
 		t.Errorf("restored %d services without a file", len(got))
+	}
+}
+
+// TestLastGoodWriterLatestWins: the file ends as the last call for its
+// source said, whatever was queued before and unwritten.
+func TestLastGoodWriterLatestWins(t *testing.T) {
+	socket := filepath.Join(t.TempDir(), "l4lb.sock")
+	w := newLastGoodWriter(slog.New(slog.DiscardHandler), socket)
+	path := LastGoodPath(socket, consulSource)
+	snap := func(name string) *discovery.Snapshot {
+		return &discovery.Snapshot{Source: consulSource, Services: []lb.Service{{Name: name}}}
+	}
+	for i := range 50 {
+		w.put(consulSource, snap(fmt.Sprint("s", i)))
+	}
+	w.flush()
+	b, err := os.ReadFile(path)
+	if err != nil || !strings.Contains(string(b), `"s49"`) {
+		t.Fatalf("after 50 snapshots the file holds %q (%v), want the last one", b, err)
+	}
+	w.put(consulSource, snap("kept"))
+	w.put(consulSource, nil)
+	w.flush()
+	if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a removal queued after a snapshot left the file: %v", err)
+	}
+	w.put(consulSource, nil)
+	w.put(consulSource, snap("back"))
+	w.flush()
+	if b, err := os.ReadFile(path); err != nil || !strings.Contains(string(b), `"back"`) {
+		t.Errorf("a snapshot queued after a removal: file %q (%v)", b, err)
 	}
 }
