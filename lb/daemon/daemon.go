@@ -905,8 +905,11 @@ func digestOf(b []byte, err error) string {
 type Cleaned struct {
 	datapath.Removed
 	// Files are the runtime files removed: the admin socket, the
-	// backend overrides.
+	// backend overrides, the last snapshots of Consul and Kubernetes.
 	Files []string
+	// Kept are the runtime files of a running l4lbd that a forced
+	// cleanup left in place, so that the daemon stays reachable.
+	Kept []string
 	// Left says what l4lbd changed that stays, and why.
 	Left []string
 	// Forced is set when a running l4lbd held the lock (--force).
@@ -914,12 +917,19 @@ type Cleaned struct {
 }
 
 // Cleanup removes everything l4lbd leaves behind on purpose when it stops
-// (`l4lbd --cleanup`): it detaches the programs, unpins every map under
-// daemon.bpffs, deletes the managed neighbour entries of the backends'
-// next hops, and removes the admin socket and the runtime overrides. It
-// refuses while an l4lbd holds the lock, unless force is set.
+// (`l4lbd --cleanup`): it detaches the programs, removes the pins l4lbd
+// made under daemon.bpffs (by name: anything else there stays and is
+// reported), deletes the managed neighbour entries of the backends' next
+// hops, and removes the admin socket and the runtime overrides. It refuses
+// while an l4lbd holds the lock, unless force is set; forced, it removes
+// the datapath only: the running daemon keeps its admin socket and runtime
+// files, so that `l4lbctl` still reaches it and `systemctl restart l4lb`
+// attaches a datapath again.
 func Cleanup(cfg *config.Config, force bool) (Cleaned, error) {
 	var c Cleaned
+	if msg := config.BPFFSProblem(cfg.Daemon.BPFFS); msg != "" {
+		return c, fmt.Errorf("refusing to clean up: bpffs directory %q %s", cfg.Daemon.BPFFS, msg)
+	}
 	lock, err := Acquire(cfg)
 	var running *RunningError
 	switch {
@@ -928,7 +938,7 @@ func Cleanup(cfg *config.Config, force bool) (Cleaned, error) {
 	case errors.As(err, &running):
 		return c, fmt.Errorf("refusing to clean up: %w; stop it first (systemctl stop l4lb), or add --force to remove its datapath from under it", err)
 	case err != nil:
-		return c, err
+		return c, fmt.Errorf("refusing to clean up: %w", err)
 	}
 	defer lock.Release()
 	removed, err := datapath.Cleanup(cfg.Daemon.BPFFS)
@@ -936,6 +946,18 @@ func Cleanup(cfg *config.Config, force bool) (Cleaned, error) {
 	var errs []error
 	if err != nil {
 		errs = append(errs, err)
+	}
+	files := []string{OverridesPath(cfg.Daemon.AdminSocket),
+		LastGoodPath(cfg.Daemon.AdminSocket, consulSource), LastGoodPath(cfg.Daemon.AdminSocket, kubernetesSource)}
+	if c.Forced != nil {
+		// Its socket is how the operator reaches and stops it, and
+		// its overrides are what it applies: both stay with it.
+		for _, f := range append([]string{cfg.Daemon.AdminSocket}, files...) {
+			if _, serr := os.Lstat(f); serr == nil {
+				c.Kept = append(c.Kept, f)
+			}
+		}
+		return c, errors.Join(errs...)
 	}
 	// Only ever a socket: daemon.admin_socket naming another file is
 	// refused by validation, and never deleted here either.
@@ -946,8 +968,7 @@ func Cleanup(cfg *config.Config, force bool) (Cleaned, error) {
 			c.Files = append(c.Files, cfg.Daemon.AdminSocket)
 		}
 	}
-	for _, f := range []string{OverridesPath(cfg.Daemon.AdminSocket),
-		LastGoodPath(cfg.Daemon.AdminSocket, consulSource), LastGoodPath(cfg.Daemon.AdminSocket, kubernetesSource)} {
+	for _, f := range files {
 		if rerr := os.Remove(f); rerr == nil {
 			c.Files = append(c.Files, f)
 		} else if !errors.Is(rerr, os.ErrNotExist) {

@@ -188,17 +188,19 @@ func TestCleanupRefusedWhileRunning(t *testing.T) {
 	}
 	t.Logf("--cleanup --force:\n%s", out)
 	for _, want := range []string{
-		fmt.Sprintf("forced: l4lbd already running (pid %d", st.PID),
 		"detached xdp program from eth0",
 		"detached hc program from eth0",
 		"pinned maps under " + d.PinDir,
-		"removed " + d.Socket,
-		"removed " + overrides,
-		"left: forwarding on eth0",
+		fmt.Sprintf("WARNING: l4lbd already running (pid %d", st.PID),
+		"it forwards nothing",
+		"Its admin socket and runtime files were kept (" + d.Socket + ", " + overrides + ")",
 	} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("--cleanup --force output lacks %q", want)
 		}
+	}
+	if strings.Contains(string(out), "removed "+d.Socket) {
+		t.Error("--cleanup --force says it removed the running daemon's socket")
 	}
 	if _, err := os.Stat(d.PinDir); !os.IsNotExist(err) {
 		t.Errorf("pins left after --cleanup --force: %v", err)
@@ -206,11 +208,87 @@ func TestCleanupRefusedWhileRunning(t *testing.T) {
 	if id := xdpProgID(t, lb); id != "" {
 		t.Errorf("XDP program %s still attached", id)
 	}
+	// The daemon is not left headless: l4lbctl still reaches it, and
+	// stopping it works as ever.
+	if st2, err := d.API().Status(t.Context()); err != nil || st2.PID != st.PID {
+		t.Errorf("the running daemon is unreachable after --cleanup --force: %v", err)
+	}
+	if _, err := os.Stat(overrides); err != nil {
+		t.Errorf("the running daemon's overrides were removed: %v", err)
+	}
+	if err := d.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	out, err = exec.Command(l4lbd(), "--config", d.Config, "--cleanup").CombinedOutput()
+	if err != nil {
+		t.Fatalf("--cleanup once stopped: %v\n%s", err, out)
+	}
 	for _, p := range []string{d.Socket, overrides} {
 		if _, err := os.Stat(p); !os.IsNotExist(err) {
-			t.Errorf("%s left after --cleanup --force: %v", p, err)
+			t.Errorf("%s left after --cleanup of the stopped daemon: %v", p, err)
 		}
 	}
+}
+
+// TestCleanupNeedsItsState: --cleanup with a config it cannot read refuses
+// and removes nothing (it used to clean the default location instead);
+// naming the state with --bpffs and --admin-socket cleans that state; and
+// a bpffs mount root is refused, whichever way it is named.
+func TestCleanupNeedsItsState(t *testing.T) {
+	tp, d := lifecycleRig(t)
+	lb := tp.LBs[0]
+	if err := d.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	broken := filepath.Join(t.TempDir(), "broken.toml")
+	writeFile(t, broken, "[daemon\n")
+	out, err := lb.NS.Command(l4lbd(), "--config", broken, "--cleanup").CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "refusing to clean up: cannot read "+broken) || !strings.Contains(string(out), "--bpffs DIR") {
+		t.Errorf("--cleanup with a broken config: %v\n%s\nwant a refusal that names --bpffs", err, out)
+	}
+	if id := xdpProgID(t, lb); id == "" {
+		t.Fatal("a refused --cleanup detached the program")
+	}
+	if entries, _ := os.ReadDir(d.PinDir); len(entries) == 0 {
+		t.Fatal("a refused --cleanup removed the pins")
+	}
+
+	for _, args := range [][]string{
+		{"--config", broken, "--cleanup", "--bpffs", "/sys/fs/bpf"},
+		{"--config", writeBPFFSConfig(t, "/sys/fs/bpf"), "--cleanup"},
+	} {
+		out, err := lb.NS.Command(l4lbd(), args...).CombinedOutput()
+		if err == nil || !strings.Contains(string(out), "bpffs mount itself") || !strings.Contains(string(out), "/sys/fs/bpf/l4lb") {
+			t.Errorf("l4lbd %v: %v\n%s\nwant the mount root refused, naming /sys/fs/bpf/l4lb", args, err, out)
+		}
+	}
+	if entries, err := os.ReadDir("/sys/fs/bpf"); err != nil || len(entries) == 0 {
+		t.Fatalf("/sys/fs/bpf after the refusals: %v, %d entries", err, len(entries))
+	}
+
+	out, err = lb.NS.Command(l4lbd(), "--config", broken, "--cleanup", "--bpffs", d.PinDir, "--admin-socket", d.Socket).CombinedOutput()
+	if err != nil {
+		t.Fatalf("--cleanup --bpffs: %v\n%s", err, out)
+	}
+	for _, want := range []string{"cleaning the state named on the command line", "detached xdp program from eth0", "pinned maps under " + d.PinDir} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("--cleanup --bpffs output lacks %q:\n%s", want, out)
+		}
+	}
+	if id := xdpProgID(t, lb); id != "" {
+		t.Errorf("XDP program %s still attached", id)
+	}
+	if _, err := os.Stat(d.PinDir); !os.IsNotExist(err) {
+		t.Errorf("pins left: %v", err)
+	}
+}
+
+// writeBPFFSConfig writes a config whose daemon.bpffs is dir.
+func writeBPFFSConfig(t *testing.T, dir string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "l4lb.toml")
+	writeFile(t, p, fmt.Sprintf("[daemon]\nbpffs = %q\nadmin_socket = %q\n[datapath]\ninterfaces = [\"eth0\"]\n", dir, filepath.Join(t.TempDir(), "l4lb.sock")))
+	return p
 }
 
 // TestCleanupRemovesManagedNeighbours: the managed neighbour entries l4lbd
