@@ -930,7 +930,12 @@ func Cleanup(cfg *config.Config, force bool) (Cleaned, error) {
 	if msg := config.BPFFSProblem(cfg.Daemon.BPFFS); msg != "" {
 		return c, fmt.Errorf("refusing to clean up: bpffs directory %q %s", cfg.Daemon.BPFFS, msg)
 	}
-	lock, err := Acquire(cfg)
+	// No directory, no datapath: nothing under bpffs to lock or remove,
+	// and a box without a bpffs mount (a container removing the
+	// package) can still remove the runtime files.
+	_, serr := os.Stat(cfg.Daemon.BPFFS)
+	pins := !errors.Is(serr, os.ErrNotExist)
+	lock, err := acquire(cfg, pins)
 	var running *RunningError
 	switch {
 	case errors.As(err, &running) && force:
@@ -941,11 +946,13 @@ func Cleanup(cfg *config.Config, force bool) (Cleaned, error) {
 		return c, fmt.Errorf("refusing to clean up: %w", err)
 	}
 	defer lock.Release()
-	removed, err := datapath.Cleanup(cfg.Daemon.BPFFS)
-	c.Removed = removed
 	var errs []error
-	if err != nil {
-		errs = append(errs, err)
+	if pins {
+		removed, err := datapath.Cleanup(cfg.Daemon.BPFFS)
+		c.Removed = removed
+		if err != nil {
+			errs = append(errs, err)
+		}
 	}
 	files := []string{OverridesPath(cfg.Daemon.AdminSocket),
 		LastGoodPath(cfg.Daemon.AdminSocket, consulSource), LastGoodPath(cfg.Daemon.AdminSocket, kubernetesSource)}
