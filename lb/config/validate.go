@@ -120,6 +120,11 @@ func (c *checker) daemon(r *rawDaemon, d *Daemon) {
 			d.MaxFlowMove = f
 		}
 	}
+	if r.WatchConfig != nil {
+		if b, ok := s.boolean("watch_config", r.WatchConfig); ok {
+			d.WatchConfig = b
+		}
+	}
 }
 
 // fraction converts a share: a number in (0, 1], such as 0.25 for a

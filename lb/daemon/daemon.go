@@ -107,6 +107,10 @@ type Daemon struct {
 	// found it, so that the file watch does not reload what a SIGHUP
 	// already read.
 	loaded atomic.Pointer[string]
+	// watching is daemon.watch_config of the configuration in force: the
+	// file watch reloads only while it is set (a reload turns it on or
+	// off at once).
+	watching atomic.Bool
 
 	mu         sync.Mutex
 	lastReload api.Reload
@@ -179,6 +183,7 @@ func New(opts Options) (*Daemon, error) {
 		saveFailed: map[string]bool{},
 	}
 	d.drainTimer.Stop()
+	d.watching.Store(cfg.Daemon.WatchConfig)
 	d.metrics.ConfigLoaded(time.Now())
 	// Run reads the saved overrides once it holds the lock.
 	d.overrides = &overrides{path: OverridesPath(cfg.Daemon.AdminSocket), m: map[overrideKey]override{}}
@@ -362,7 +367,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 
 	d.logWarnings(cfg)
 	notify(sddaemon.SdNotifyReady + "\n" + d.statusLine())
-	d.log.Info("l4lbd ready", "interfaces", cfg.Datapath.Interfaces, "services", len(d.view.Load().services))
+	d.log.Info("l4lbd ready", "interfaces", cfg.Datapath.Interfaces, "services", len(d.view.Load().services), "watch_config", cfg.Daemon.WatchConfig)
 	err = d.loop(ctx)
 	notify(sddaemon.SdNotifyStopping)
 	return err
@@ -552,6 +557,9 @@ func (d *Daemon) doReload() error {
 		d.log.Warn("setting changed; it takes effect after a restart of l4lbd", "setting", w)
 	}
 	d.cfg = cfg
+	if was := d.watching.Swap(cfg.Daemon.WatchConfig); was != cfg.Daemon.WatchConfig {
+		d.log.Info("daemon.watch_config changed", "watch_config", cfg.Daemon.WatchConfig, "file", d.opts.ConfigPath)
+	}
 	d.mu.Lock()
 	d.pending = pending
 	d.mu.Unlock()
@@ -634,9 +642,11 @@ func keepRunning(running, cur *config.Config) []string {
 	diff("daemon.metrics_listen", !slices.Equal(rd.MetricsListen, cd.MetricsListen))
 	diff("daemon.bpffs", rd.BPFFS != cd.BPFFS)
 	diff("daemon.log_level", rd.LogLevel != cd.LogLevel)
-	maxMove := cd.MaxFlowMove // applies at once: the guard of the new file
+	// These apply at once: the guard of the new file, and whether the
+	// file is watched from now on.
+	maxMove, watch := cd.MaxFlowMove, cd.WatchConfig
 	cur.Daemon = rd
-	cur.Daemon.MaxFlowMove = maxMove
+	cur.Daemon.MaxFlowMove, cur.Daemon.WatchConfig = maxMove, watch
 
 	r, c := running.Datapath, cur.Datapath
 	diff("datapath.interfaces", !slices.Equal(r.Interfaces, c.Interfaces))
@@ -840,9 +850,12 @@ func (d *Daemon) watchdog(ctx context.Context, wg *sync.WaitGroup) {
 }
 
 // watchConfig reloads when the configuration file's content changes, as
-// SIGHUP does. It polls (every `every`): that also catches editors that
-// replace the file, and costs a read of a small file. A content that failed
-// to load is not retried until it changes again.
+// SIGHUP does, while daemon.watch_config is on (off by default: saving a
+// file is not applying it). The reload is the one SIGHUP runs, with the
+// same validation and daemon.max_flow_move guard. It polls (every
+// `every`): that also catches editors that replace the file, and costs a
+// read of a small file. A content that failed to load is not retried until
+// it changes again.
 func (d *Daemon) watchConfig(ctx context.Context, wg *sync.WaitGroup, every time.Duration) {
 	last := fileDigest(d.opts.ConfigPath)
 	wg.Add(1)
@@ -856,7 +869,7 @@ func (d *Daemon) watchConfig(ctx context.Context, wg *sync.WaitGroup, every time
 				return
 			case <-t.C:
 			}
-			if !d.configChanged(&last) {
+			if !d.watchWants(&last) {
 				continue
 			}
 			d.log.Info("configuration file changed; reloading", "file", d.opts.ConfigPath)
@@ -864,6 +877,13 @@ func (d *Daemon) watchConfig(ctx context.Context, wg *sync.WaitGroup, every time
 			_ = d.Reload(ctx)
 		}
 	}()
+}
+
+// watchWants is one look of the watch: whether to reload now, which needs
+// daemon.watch_config on and content no reload has read (configChanged).
+// With the watch off the file is not even read.
+func (d *Daemon) watchWants(last *string) bool {
+	return d.watching.Load() && d.configChanged(last)
 }
 
 // configChanged reports whether the file's content differs from last, the
