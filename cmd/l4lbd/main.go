@@ -4,7 +4,8 @@
 // (systemd, tests and the demo alike):
 //
 //	l4lbd --config /etc/l4lb/l4lb.toml       run; SIGHUP reloads, SIGTERM stops
-//	l4lbd --config FILE --cleanup            detach and unpin everything, then exit
+//	l4lbd --config FILE --cleanup            detach and remove l4lbd's pins (by name), then exit
+//	l4lbd --cleanup --bpffs DIR              the same for state named on the command line
 //	l4lbd backend --interface IF --vip ADDR  run the DSR backend companion
 package main
 

@@ -173,14 +173,14 @@ func Cleanup(pinPath string) (Removed, error) {
 	links := filepath.Join(pinPath, linkDir)
 	for _, name := range readNames(links, &errs) {
 		rel := filepath.Join(linkDir, name)
-		hook := ""
+		var pl PinnedLink
 		for _, h := range linkHooks {
-			if strings.HasPrefix(name, h.prefix) && len(name) > len(h.prefix) {
-				hook = h.name
+			if ifc, ok := strings.CutPrefix(name, h.prefix); ok && ifc != "" {
+				pl = PinnedLink{Interface: ifc, Hook: h.name}
 				break
 			}
 		}
-		if hook == "" {
+		if pl.Hook == "" {
 			r.Foreign = append(r.Foreign, rel)
 			continue
 		}
@@ -204,7 +204,7 @@ func Cleanup(pinPath string) (Removed, error) {
 			fail("unpin "+p, err)
 			continue
 		}
-		r.Links = append(r.Links, PinnedLink{Interface: strings.TrimPrefix(name, hookPrefix(hook)), Hook: hook})
+		r.Links = append(r.Links, pl)
 	}
 	removeDirIfEmpty(links, fail)
 
@@ -246,17 +246,7 @@ func Cleanup(pinPath string) (Removed, error) {
 	return r, errors.Join(errs...)
 }
 
-// hookPrefix is the pin name prefix of hook's links.
-func hookPrefix(hook string) string {
-	for _, h := range linkHooks {
-		if h.name == hook {
-			return h.prefix
-		}
-	}
-	return ""
-}
-
-// readNames lists dir's entries, sorted; a dir that does not exist has
+// readNames lists dir's entries, sorted by name; a dir that does not exist has
 // none, and one that cannot be read is an error in errs.
 func readNames(dir string, errs *[]error) []string {
 	entries, err := os.ReadDir(dir)
