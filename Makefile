@@ -192,20 +192,27 @@ install: build
 
 # The Debian package: binaries, units with /usr paths, /etc/l4lb/l4lb.toml
 # and /etc/default/l4lb-backend as conffiles, man pages generated from the
-# cobra commands, bash and zsh completion, maintainer scripts that do not
-# start anything (packaging/debian). nfpm runs from its own module.
+# cobra commands, bash and zsh completion, maintainer scripts that start
+# nothing, remove the datapath on removal and keep it on upgrade
+# (packaging/debian). nfpm runs from its own module.
+# The packaged binaries are static (CGO_ENABLED=0: the package depends on
+# no shared library, so it needs no Depends:), stripped (-s -w) and built
+# with -trimpath; tests/packaging_test.go holds them to the size budget of
+# docs/operations.md.
 DEB_ARCH    ?= $(shell dpkg --print-architecture 2>/dev/null || $(GO) env GOARCH)
 DEB_VERSION ?= 0.0~git$(shell git log -1 --format=%cd.%h --date=format:%Y%m%d 2>/dev/null || echo 0)
 DEB         := $(BIN)/l4lb_$(DEB_VERSION)_$(DEB_ARCH).deb
-deb: build
+deb:
 	rm -rf $(BIN)/deb && mkdir -p $(BIN)/deb/man $(BIN)/deb/completion
-	cp -r $(BIN)/l4lbd $(BIN)/l4lbctl etc/l4lb.toml etc/default/l4lb-backend etc/examples LICENSE packaging/debian $(BIN)/deb/
+	for c in l4lbd l4lbctl; do \
+		CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS) -s -w" -o $(BIN)/deb/$$c ./cmd/$$c || exit 1; done
+	cp -r etc/l4lb.toml etc/default/l4lb-backend etc/examples LICENSE packaging/debian $(BIN)/deb/
 	for u in l4lb.service l4lb-backend.service; do sed $(call unit_paths,/usr) systemd/$$u > $(BIN)/deb/$$u; done
 	export SOURCE_DATE_EPOCH=$$(git log -1 --format=%ct 2>/dev/null || echo 0); \
-		$(BIN)/l4lbd gendoc $(BIN)/deb/man && $(BIN)/l4lbctl gendoc $(BIN)/deb/man && gzip -9n $(BIN)/deb/man/*.8
+		$(BIN)/deb/l4lbd gendoc $(BIN)/deb/man && $(BIN)/deb/l4lbctl gendoc $(BIN)/deb/man && gzip -9n $(BIN)/deb/man/*.8
 	for c in l4lbd l4lbctl; do \
-		$(BIN)/$$c completion bash > $(BIN)/deb/completion/$$c.bash && \
-		$(BIN)/$$c completion zsh > $(BIN)/deb/completion/_$$c; done
+		$(BIN)/deb/$$c completion bash > $(BIN)/deb/completion/$$c.bash && \
+		$(BIN)/deb/$$c completion zsh > $(BIN)/deb/completion/_$$c; done
 	$(GO) -C packaging build -o $(abspath $(BIN))/nfpm github.com/goreleaser/nfpm/v2/cmd/nfpm
 	rm -f $(DEB)
 	cd $(BIN)/deb && DEB_ARCH=$(DEB_ARCH) DEB_VERSION=$(DEB_VERSION) \

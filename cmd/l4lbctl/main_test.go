@@ -16,6 +16,7 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/sys/unix"
 
 	"github.com/l4lb/l4lb/internal/testnet"
 	"github.com/l4lb/l4lb/lb"
@@ -213,6 +214,30 @@ func TestConfigCheckHost(t *testing.T) {
 	}
 	if !strings.Contains(out, "warning: "+path+":6: datapath.snat_port_range 1024-65535 overlaps the kernel's ephemeral ports") {
 		t.Errorf("no ephemeral-range warning:\n%s", out)
+	}
+}
+
+// TestConfigCheckBPFFSMountRoot: daemon.bpffs naming the root of a bpffs
+// mount (here a private one, which the file-only check cannot know) is
+// refused with its file:line and the directory to use instead: l4lbd's
+// directory is its own, and --cleanup empties it.
+func TestConfigCheckBPFFSMountRoot(t *testing.T) {
+	testnet.RequireRoot(t)
+	mnt := t.TempDir()
+	if err := unix.Mount("bpf", mnt, "bpf", 0, ""); err != nil {
+		t.Fatalf("mount a bpffs at %s: %v", mnt, err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(mnt, unix.MNT_DETACH) })
+	path := filepath.Join(t.TempDir(), "l4lb.toml")
+	doc := "[daemon]\nbpffs = \"" + mnt + "\"\nadmin_socket = \"" + filepath.Join(t.TempDir(), "s.sock") + "\"\n" +
+		"[datapath]\ninterfaces = [\"eth0\"]\n[maglev]\nhash_seed = \"" + seedHex[2:] + "11\"\n"
+	if err := os.WriteFile(path, []byte(doc), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, stderr, err := run(t, "config", "check", path)
+	want := path + ":2: daemon.bpffs: bpffs directory " + mnt + " is the root of a bpffs mount"
+	if err == nil || !strings.Contains(out+stderr, want) || !strings.Contains(out+stderr, filepath.Join(mnt, "l4lb")) {
+		t.Errorf("config check with bpffs at a mount root: %v\n%s%s\nwant %q and the directory to use", err, out, stderr, want)
 	}
 }
 

@@ -4,7 +4,8 @@
 // (systemd, tests and the demo alike):
 //
 //	l4lbd --config /etc/l4lb/l4lb.toml       run; SIGHUP reloads, SIGTERM stops
-//	l4lbd --config FILE --cleanup            detach and unpin everything, then exit
+//	l4lbd --config FILE --cleanup            detach and remove l4lbd's pins (by name), then exit
+//	l4lbd --cleanup --bpffs DIR              the same for state named on the command line
 //	l4lbd backend --interface IF --vip ADDR  run the DSR backend companion
 package main
 
@@ -17,6 +18,7 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
 
@@ -41,6 +43,7 @@ func root() *cobra.Command {
 		dev     bool
 		cleanup bool
 		force   bool
+		state   cleanupState
 	)
 	cmd := &cobra.Command{
 		Use:           "l4lbd",
@@ -52,10 +55,15 @@ func root() *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			opts := config.Options{Dev: dev}
 			if cleanup {
-				return runCleanup(cmd.OutOrStdout(), path, opts, force)
+				state.config = path
+				state.configSet = cmd.Flags().Changed("config")
+				return runCleanup(cmd.OutOrStdout(), cmd.ErrOrStderr(), state, force)
 			}
 			if force {
 				return errors.New("--force only applies to --cleanup")
+			}
+			if state.bpffs != "" || state.socket != "" {
+				return errors.New("--bpffs and --admin-socket only apply to --cleanup; l4lbd takes them from daemon.bpffs and daemon.admin_socket in --config")
 			}
 			opts.Host = daemon.HostFacts()
 			parser := config.NewParser()
@@ -76,29 +84,64 @@ func root() *cobra.Command {
 	}
 	cmd.Flags().StringVarP(&path, "config", "c", "/etc/l4lb/l4lb.toml", "configuration file")
 	cmd.Flags().BoolVar(&dev, "dev", false, "allow a config without maglev.hash_seed (demos and tests on one box only)")
-	cmd.Flags().BoolVar(&cleanup, "cleanup", false, "detach the datapath, remove its pins, managed neighbours, the admin socket and the runtime overrides, print what was removed, then exit; refused while l4lbd runs")
-	cmd.Flags().BoolVar(&force, "force", false, "with --cleanup: clean up even while an l4lbd runs (it loses its datapath)")
+	cmd.Flags().BoolVar(&cleanup, "cleanup", false, "detach the datapath, remove the pins l4lbd made (by name; nothing else under daemon.bpffs), managed neighbours, the admin socket and the runtime overrides, print what was and was not removed, then exit; refused while l4lbd runs or when --config cannot be read")
+	cmd.Flags().BoolVar(&force, "force", false, "with --cleanup: remove the datapath even while an l4lbd runs; it stops forwarding but keeps its admin socket, and says so")
+	cmd.Flags().StringVar(&state.bpffs, "bpffs", "", "with --cleanup: the bpffs directory to clean instead of daemon.bpffs (needed when --config cannot be read)")
+	cmd.Flags().StringVar(&state.socket, "admin-socket", "", "with --cleanup: the admin socket whose runtime files to remove instead of daemon.admin_socket (default with --bpffs and an unreadable config: /run/l4lb/l4lb.sock)")
 	cmd.AddCommand(backendCmd(), clidoc.Command(cmd))
 	return cmd
 }
 
-// runCleanup is `l4lbd --cleanup`: it must work even with a broken config,
-// falling back to the default locations, and says what it removed.
-func runCleanup(out io.Writer, path string, opts config.Options, force bool) error {
-	cfg, err := config.Load(path, opts)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "l4lbd: config unreadable, cleaning the default locations:", err)
+// cleanupState is where `l4lbd --cleanup` finds the state to remove: the
+// config file, or locations the operator names on the command line.
+type cleanupState struct {
+	config    string
+	configSet bool
+	bpffs     string
+	socket    string
+}
+
+// runCleanup is `l4lbd --cleanup`. It cleans exactly the state the config
+// names, or the state named by --bpffs / --admin-socket: with a config that
+// cannot be read it refuses rather than guess, since the default location
+// may belong to another l4lbd (or to nothing). It prints what it removed,
+// what it could not remove and what it left because it is not l4lbd's.
+func runCleanup(out, errOut io.Writer, st cleanupState, force bool) error {
+	// The seed plays no part in a cleanup: a config without one (the
+	// shipped one) still names the state.
+	cfg, err := config.Load(st.config, config.Options{Dev: true})
+	switch {
+	case err != nil && st.bpffs == "":
+		return fmt.Errorf("refusing to clean up: cannot read %s to find l4lbd's state: %w; "+
+			"fix the file, or name the state to remove: l4lbd --cleanup --bpffs DIR [--admin-socket PATH] (l4lb's defaults: --bpffs %s --admin-socket %s)",
+			st.config, err, config.Default().Daemon.BPFFS, config.Default().Daemon.AdminSocket)
+	case err != nil:
+		if st.configSet {
+			fmt.Fprintf(errOut, "l4lbd: %s cannot be read (%v); cleaning the state named on the command line\n", st.config, err)
+		}
 		cfg = config.Default()
 	}
-	c, err := daemon.Cleanup(cfg, force)
-	if c.Forced != nil {
-		fmt.Fprintf(out, "forced: %v; it no longer has a datapath\n", c.Forced)
+	for _, f := range []struct{ flag, v string }{{"--bpffs", st.bpffs}, {"--admin-socket", st.socket}} {
+		if f.v != "" && !filepath.IsAbs(f.v) {
+			return fmt.Errorf("%s %q is not an absolute path", f.flag, f.v)
+		}
 	}
+	if st.bpffs != "" {
+		cfg.Daemon.BPFFS = filepath.Clean(st.bpffs)
+	}
+	if st.socket != "" {
+		cfg.Daemon.AdminSocket = filepath.Clean(st.socket)
+	}
+	c, err := daemon.Cleanup(cfg, force)
+	dir := cfg.Daemon.BPFFS
 	for _, l := range c.Links {
 		fmt.Fprintf(out, "detached %s program from %s\n", l.Hook, l.Interface)
 	}
 	if len(c.Pins) > 0 {
-		fmt.Fprintf(out, "removed %d pinned maps under %s: %s\n", len(c.Pins), cfg.Daemon.BPFFS, strings.Join(c.Pins, " "))
+		fmt.Fprintf(out, "removed %d pinned maps under %s: %s\n", len(c.Pins), dir, strings.Join(c.Pins, " "))
+	}
+	if c.Tables > 0 {
+		fmt.Fprintf(out, "removed %d pinned Maglev tables under %s\n", c.Tables, filepath.Join(dir, "maglev_tables"))
 	}
 	for _, n := range c.Neighbours {
 		fmt.Fprintf(out, "deleted managed neighbour %s\n", n)
@@ -106,14 +149,29 @@ func runCleanup(out io.Writer, path string, opts config.Options, force bool) err
 	for _, f := range c.Files {
 		fmt.Fprintf(out, "removed %s\n", f)
 	}
+	if c.DirRemoved && !c.Empty() {
+		fmt.Fprintf(out, "removed directory %s\n", dir)
+	}
 	if c.Empty() && len(c.Files) == 0 && err == nil {
-		fmt.Fprintf(out, "nothing to clean up under %s\n", cfg.Daemon.BPFFS)
+		fmt.Fprintf(out, "nothing to clean up under %s\n", dir)
+	}
+	for _, f := range c.Failed {
+		fmt.Fprintf(out, "NOT removed: %s\n", f)
+	}
+	if len(c.Foreign) > 0 {
+		fmt.Fprintf(out, "left under %s, not made by l4lbd: %s\n", dir, strings.Join(c.Foreign, " "))
 	}
 	for _, l := range c.Left {
 		if len(c.Links) == 0 {
 			break // nothing was attached, so nothing was turned on
 		}
 		fmt.Fprintf(out, "left: %s\n", l)
+	}
+	if c.Forced != nil {
+		fmt.Fprintf(errOut, "WARNING: %v and now has no datapath: it forwards nothing. "+
+			"Its admin socket and runtime files were kept (%s) so that l4lbctl still reaches it; "+
+			"stop it (systemctl stop l4lb) or restart it (systemctl restart l4lb) to attach a datapath again\n",
+			c.Forced, strings.Join(c.Kept, ", "))
 	}
 	return err
 }

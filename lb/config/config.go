@@ -153,6 +153,13 @@ type Daemon struct {
 	// service's flows a reload may move to another backend; a reload
 	// that would move more is refused, naming the service.
 	MaxFlowMove float64
+	// WatchConfig makes l4lbd reload by itself when the configuration
+	// file's content changes, through the same validation and
+	// MaxFlowMove guard as an explicit reload. Off by default: saving
+	// the file is not applying it; the operator reloads (SIGHUP,
+	// `l4lbctl reload`, `systemctl reload l4lb`) once the file is
+	// checked and its diff reviewed.
+	WatchConfig bool
 }
 
 // Attach is the kernel hook the load-balancer program runs at.

@@ -31,6 +31,7 @@ type rawDaemon struct {
 	BPFFS         any `toml:"bpffs"`
 	LogLevel      any `toml:"log_level"`
 	MaxFlowMove   any `toml:"max_flow_move"`
+	WatchConfig   any `toml:"watch_config"`
 }
 
 type rawDatapath struct {

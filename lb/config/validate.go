@@ -105,7 +105,11 @@ func (c *checker) daemon(r *rawDaemon, d *Daemon) {
 	}
 	if v, ok := s.str("bpffs", r.BPFFS); ok {
 		if p, ok := s.absPath("bpffs", v); ok {
-			d.BPFFS = p
+			if msg := BPFFSProblem(p); msg != "" {
+				s.errorf("bpffs", "daemon.bpffs = %q %s", v, msg)
+			} else {
+				d.BPFFS = p
+			}
 		}
 	}
 	if l, ok := enum(s, "log_level", r.LogLevel, parseLogLevel); ok {
@@ -114,6 +118,11 @@ func (c *checker) daemon(r *rawDaemon, d *Daemon) {
 	if r.MaxFlowMove != nil {
 		if f, ok := s.fraction("max_flow_move", r.MaxFlowMove); ok {
 			d.MaxFlowMove = f
+		}
+	}
+	if r.WatchConfig != nil {
+		if b, ok := s.boolean("watch_config", r.WatchConfig); ok {
+			d.WatchConfig = b
 		}
 	}
 }
@@ -784,4 +793,18 @@ func (c *checker) capacity(cfg *Config) {
 	if total > int(cfg.Datapath.MaxBackends) {
 		s.errorf("max_backends", "the file defines %d backends but datapath.max_backends = %d: raise max_backends", total, cfg.Datapath.MaxBackends)
 	}
+}
+
+// BPFFSProblem says why dir cannot be l4lbd's bpffs directory without
+// looking at the machine, or "" when nothing is wrong with it that way:
+// the conventional bpffs mount (and /) hold every other BPF program's pins,
+// and `l4lbd --cleanup` empties and removes l4lbd's directory. A mount
+// root elsewhere is found by the host check (lb/datapath CheckPinPath).
+func BPFFSProblem(dir string) string {
+	switch filepath.Clean(dir) {
+	case "/sys/fs/bpf", "/":
+		return fmt.Sprintf("is the bpffs mount itself, shared with every other BPF program's pins: "+
+			"l4lbd needs a directory of its own there; use %q", defaultBPFFS)
+	}
+	return ""
 }

@@ -112,6 +112,10 @@ type Daemon struct {
 	// found it, so that the file watch does not reload what a SIGHUP
 	// already read.
 	loaded atomic.Pointer[string]
+	// watching is daemon.watch_config of the configuration in force: the
+	// file watch reloads only while it is set (a reload turns it on or
+	// off at once).
+	watching atomic.Bool
 
 	mu         sync.Mutex
 	lastReload api.Reload
@@ -185,6 +189,7 @@ func New(opts Options) (*Daemon, error) {
 		lastGood:   newLastGoodWriter(opts.Log, cfg.Daemon.AdminSocket),
 	}
 	d.drainTimer.Stop()
+	d.watching.Store(cfg.Daemon.WatchConfig)
 	d.metrics.ConfigLoaded(time.Now())
 	// Run reads the saved overrides once it holds the lock.
 	d.overrides = &overrides{path: OverridesPath(cfg.Daemon.AdminSocket), m: map[overrideKey]override{}}
@@ -371,7 +376,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 
 	d.logWarnings(cfg)
 	notify(sddaemon.SdNotifyReady + "\n" + d.statusLine())
-	d.log.Info("l4lbd ready", "interfaces", cfg.Datapath.Interfaces, "services", d.view.Load().services.Len())
+	d.log.Info("l4lbd ready", "interfaces", cfg.Datapath.Interfaces, "services", d.view.Load().services.Len(), "watch_config", cfg.Daemon.WatchConfig)
 	err = d.loop(ctx)
 	notify(sddaemon.SdNotifyStopping)
 	return err
@@ -580,6 +585,9 @@ func (d *Daemon) doReload() error {
 		d.log.Warn("setting changed; it takes effect after a restart of l4lbd", "setting", w)
 	}
 	d.cfg = cfg
+	if was := d.watching.Swap(cfg.Daemon.WatchConfig); was != cfg.Daemon.WatchConfig {
+		d.log.Info("daemon.watch_config changed", "watch_config", cfg.Daemon.WatchConfig, "file", d.opts.ConfigPath)
+	}
 	d.mu.Lock()
 	d.pending = pending
 	d.mu.Unlock()
@@ -662,9 +670,11 @@ func keepRunning(running, cur *config.Config) []string {
 	diff("daemon.metrics_listen", !slices.Equal(rd.MetricsListen, cd.MetricsListen))
 	diff("daemon.bpffs", rd.BPFFS != cd.BPFFS)
 	diff("daemon.log_level", rd.LogLevel != cd.LogLevel)
-	maxMove := cd.MaxFlowMove // applies at once: the guard of the new file
+	// These apply at once: the guard of the new file, and whether the
+	// file is watched from now on.
+	maxMove, watch := cd.MaxFlowMove, cd.WatchConfig
 	cur.Daemon = rd
-	cur.Daemon.MaxFlowMove = maxMove
+	cur.Daemon.MaxFlowMove, cur.Daemon.WatchConfig = maxMove, watch
 
 	r, c := running.Datapath, cur.Datapath
 	diff("datapath.interfaces", !slices.Equal(r.Interfaces, c.Interfaces))
@@ -876,9 +886,12 @@ func (d *Daemon) watchdog(ctx context.Context, wg *sync.WaitGroup) {
 }
 
 // watchConfig reloads when the configuration file's content changes, as
-// SIGHUP does. It polls (every `every`): that also catches editors that
-// replace the file, and costs a read of a small file. A content that failed
-// to load is not retried until it changes again.
+// SIGHUP does, while daemon.watch_config is on (off by default: saving a
+// file is not applying it). The reload is the one SIGHUP runs, with the
+// same validation and daemon.max_flow_move guard. It polls (every
+// `every`): that also catches editors that replace the file, and costs a
+// read of a small file. A content that failed to load is not retried until
+// it changes again.
 func (d *Daemon) watchConfig(ctx context.Context, wg *sync.WaitGroup, every time.Duration) {
 	last := fileDigest(d.opts.ConfigPath)
 	wg.Add(1)
@@ -892,7 +905,7 @@ func (d *Daemon) watchConfig(ctx context.Context, wg *sync.WaitGroup, every time
 				return
 			case <-t.C:
 			}
-			if !d.configChanged(&last) {
+			if !d.watchWants(&last) {
 				continue
 			}
 			d.log.Info("configuration file changed; reloading", "file", d.opts.ConfigPath)
@@ -900,6 +913,13 @@ func (d *Daemon) watchConfig(ctx context.Context, wg *sync.WaitGroup, every time
 			_ = d.Reload(ctx)
 		}
 	}()
+}
+
+// watchWants is one look of the watch: whether to reload now, which needs
+// daemon.watch_config on and content no reload has read (configChanged).
+// With the watch off the file is not even read.
+func (d *Daemon) watchWants(last *string) bool {
+	return d.watching.Load() && d.configChanged(last)
 }
 
 // configChanged reports whether the file's content differs from last, the
@@ -941,8 +961,11 @@ func digestOf(b []byte, err error) string {
 type Cleaned struct {
 	datapath.Removed
 	// Files are the runtime files removed: the admin socket, the
-	// backend overrides.
+	// backend overrides, the last snapshots of Consul and Kubernetes.
 	Files []string
+	// Kept are the runtime files of a running l4lbd that a forced
+	// cleanup left in place, so that the daemon stays reachable.
+	Kept []string
 	// Left says what l4lbd changed that stays, and why.
 	Left []string
 	// Forced is set when a running l4lbd held the lock (--force).
@@ -950,13 +973,25 @@ type Cleaned struct {
 }
 
 // Cleanup removes everything l4lbd leaves behind on purpose when it stops
-// (`l4lbd --cleanup`): it detaches the programs, unpins every map under
-// daemon.bpffs, deletes the managed neighbour entries of the backends'
-// next hops, and removes the admin socket and the runtime overrides. It
-// refuses while an l4lbd holds the lock, unless force is set.
+// (`l4lbd --cleanup`): it detaches the programs, removes the pins l4lbd
+// made under daemon.bpffs (by name: anything else there stays and is
+// reported), deletes the managed neighbour entries of the backends' next
+// hops, and removes the admin socket and the runtime overrides. It refuses
+// while an l4lbd holds the lock, unless force is set; forced, it removes
+// the datapath only: the running daemon keeps its admin socket and runtime
+// files, so that `l4lbctl` still reaches it and `systemctl restart l4lb`
+// attaches a datapath again.
 func Cleanup(cfg *config.Config, force bool) (Cleaned, error) {
 	var c Cleaned
-	lock, err := Acquire(cfg)
+	if msg := config.BPFFSProblem(cfg.Daemon.BPFFS); msg != "" {
+		return c, fmt.Errorf("refusing to clean up: bpffs directory %q %s", cfg.Daemon.BPFFS, msg)
+	}
+	// No directory, no datapath: nothing under bpffs to lock or remove,
+	// and a box without a bpffs mount (a container removing the
+	// package) can still remove the runtime files.
+	_, serr := os.Stat(cfg.Daemon.BPFFS)
+	pins := !errors.Is(serr, os.ErrNotExist)
+	lock, err := acquire(cfg, pins)
 	var running *RunningError
 	switch {
 	case errors.As(err, &running) && force:
@@ -964,14 +999,28 @@ func Cleanup(cfg *config.Config, force bool) (Cleaned, error) {
 	case errors.As(err, &running):
 		return c, fmt.Errorf("refusing to clean up: %w; stop it first (systemctl stop l4lb), or add --force to remove its datapath from under it", err)
 	case err != nil:
-		return c, err
+		return c, fmt.Errorf("refusing to clean up: %w", err)
 	}
 	defer lock.Release()
-	removed, err := datapath.Cleanup(cfg.Daemon.BPFFS)
-	c.Removed = removed
 	var errs []error
-	if err != nil {
-		errs = append(errs, err)
+	if pins {
+		removed, err := datapath.Cleanup(cfg.Daemon.BPFFS)
+		c.Removed = removed
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	files := []string{OverridesPath(cfg.Daemon.AdminSocket),
+		LastGoodPath(cfg.Daemon.AdminSocket, consulSource), LastGoodPath(cfg.Daemon.AdminSocket, kubernetesSource)}
+	if c.Forced != nil {
+		// Its socket is how the operator reaches and stops it, and
+		// its overrides are what it applies: both stay with it.
+		for _, f := range append([]string{cfg.Daemon.AdminSocket}, files...) {
+			if _, serr := os.Lstat(f); serr == nil {
+				c.Kept = append(c.Kept, f)
+			}
+		}
+		return c, errors.Join(errs...)
 	}
 	// Only ever a socket: daemon.admin_socket naming another file is
 	// refused by validation, and never deleted here either.
@@ -982,8 +1031,7 @@ func Cleanup(cfg *config.Config, force bool) (Cleaned, error) {
 			c.Files = append(c.Files, cfg.Daemon.AdminSocket)
 		}
 	}
-	for _, f := range []string{OverridesPath(cfg.Daemon.AdminSocket),
-		LastGoodPath(cfg.Daemon.AdminSocket, consulSource), LastGoodPath(cfg.Daemon.AdminSocket, kubernetesSource)} {
+	for _, f := range files {
 		if rerr := os.Remove(f); rerr == nil {
 			c.Files = append(c.Files, f)
 		} else if !errors.Is(rerr, os.ErrNotExist) {

@@ -59,7 +59,7 @@ func TestMemoryCheckAdoptsPinnedMaps(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _, _ = datapath.Cleanup(pins) })
+	t.Cleanup(func() { _, _ = datapath.Cleanup(pins); _ = os.RemoveAll(pins) })
 	doc := "[daemon]\nbpffs = \"" + pins + "\"\nadmin_socket = \"" + filepath.Join(t.TempDir(), "s.sock") + "\"\n" +
 		"[datapath]\ninterfaces = [\"eth0\"]\nconntrack_max = 131072\nsnat_max = 65536\nmax_services = 64\nmax_backends = 1024\n" +
 		"[maglev]\nhash_seed = \"5f1c0ffee0ddba11deadbeef00c0ffee\"\n"

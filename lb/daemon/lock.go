@@ -63,8 +63,17 @@ type Lock struct {
 // and the bpffs directory. A lock another process holds is a
 // *RunningError naming it.
 func Acquire(cfg *config.Config) (*Lock, error) {
-	if err := datapath.CheckPinPath(cfg.Daemon.BPFFS); err != nil {
-		return nil, err
+	return acquire(cfg, true)
+}
+
+// acquire is Acquire; without pins it takes the lock file only and leaves
+// daemon.bpffs alone (a cleanup that finds no bpffs directory: a running
+// l4lbd always has one, and holds the lock file too).
+func acquire(cfg *config.Config, pins bool) (*Lock, error) {
+	if pins {
+		if err := datapath.CheckPinPath(cfg.Daemon.BPFFS); err != nil {
+			return nil, err
+		}
 	}
 	l := &Lock{}
 	path := LockPath(cfg)
@@ -76,6 +85,9 @@ func Acquire(cfg *config.Config) (*Lock, error) {
 		return nil, err
 	}
 	l.files = append(l.files, f)
+	if !pins {
+		return l, nil
+	}
 	if err := os.MkdirAll(cfg.Daemon.BPFFS, 0o700); err != nil {
 		l.Release()
 		return nil, fmt.Errorf("lock: create bpffs directory %s: %w", cfg.Daemon.BPFFS, err)

@@ -12,7 +12,7 @@ import (
 // appliedOnReload are the settings of [daemon], [datapath] and [maglev] a
 // reload applies; every other one must wait for a restart and be named.
 var appliedOnReload = []string{
-	"Daemon.MaxFlowMove",
+	"Daemon.MaxFlowMove", "Daemon.WatchConfig",
 	"Datapath.Mode", "Datapath.Dispatch", "Datapath.DrainTimeout",
 	"Maglev.TableSize",
 }

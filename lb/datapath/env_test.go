@@ -162,7 +162,12 @@ func pinDir(t testing.TB, name string) string {
 	if err != nil {
 		t.Fatalf("bpffs directory: %v", err)
 	}
-	t.Cleanup(func() { datapath.Cleanup(dir) })
+	t.Cleanup(func() {
+		datapath.Cleanup(dir)
+		// The directory is the test's own: whatever the test pinned
+		// there besides the datapath's own pins goes too.
+		os.RemoveAll(dir)
+	})
 	return dir
 }
 

@@ -256,12 +256,28 @@ func lastLines(s string, n int) string {
 	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
 
-// TestReloadOnFileChange: l4lbd picks up a changed file without SIGHUP, and
-// an invalid file is rejected with its error in status while the previous
-// configuration keeps serving.
+// watchConfig is cfg with daemon.watch_config = true and extra settings
+// of [daemon].
+func watchConfig(cfg, extra string) string {
+	return strings.Replace(cfg, "[daemon]\n", "[daemon]\nwatch_config = true\n"+extra, 1)
+}
+
+// TestReloadOnFileChange: a saved file is not applied by default (reload
+// is the operator's); with daemon.watch_config = true l4lbd picks up a
+// changed file without SIGHUP, an invalid file is rejected with its error
+// in status while the previous configuration keeps serving, and a change
+// over daemon.max_flow_move is refused as an explicit reload would be.
 func TestReloadOnFileChange(t *testing.T) {
 	tp, d := vip4Rig(t, 2, dsrConfig(21, 22))
 	ctx := t.Context()
+	backends := func() int {
+		t.Helper()
+		svc, err := d.API().Service(ctx, "web4")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(svc.Backends)
+	}
 	waitReload := func(after uint64) (st uint64, ok bool, msg string) {
 		deadline := time.Now().Add(15 * time.Second)
 		for time.Now().Before(deadline) {
@@ -275,22 +291,62 @@ func TestReloadOnFileChange(t *testing.T) {
 		return 0, false, ""
 	}
 
+	// Off by default: a saved file waits for a reload. The watch polls
+	// every 2 s; 5 s is two and a half looks.
 	d.WriteConfig(dsrConfig(21))
-	n, ok, msg := waitReload(0)
+	time.Sleep(5 * time.Second)
+	if st, err := d.API().Status(ctx); err != nil || st.LastReload.Count != 0 || backends() != 2 {
+		t.Fatalf("a saved file was applied without a reload (watch_config unset): %+v %v\n%s", st.LastReload, err, d.Log())
+	}
+	if strings.Contains(d.Log(), "configuration file changed") {
+		t.Errorf("the watch looked at the file with watch_config unset:\n%s", d.Log())
+	}
+
+	// Opting in is a reload like any other.
+	d.WriteConfig(watchConfig(dsrConfig(21, 22), ""))
+	if rl := d.Reload(); !rl.OK {
+		t.Fatalf("reload turning watch_config on: %s", rl.Error)
+	}
+	st, err := d.API().Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.WriteConfig(watchConfig(dsrConfig(21), ""))
+	n, ok, msg := waitReload(st.LastReload.Count)
 	if !ok {
 		t.Fatalf("valid change rejected: %s", msg)
 	}
-	svc, err := d.API().Service(ctx, "web4")
-	if err != nil || len(svc.Backends) != 1 {
-		t.Fatalf("after the change: %+v (%v)", svc, err)
+	if got := backends(); got != 1 {
+		t.Fatalf("after the change: %d backends, want 1", got)
 	}
 
-	d.WriteConfig(strings.Replace(dsrConfig(21, 22), `protocol = "tcp"`, `protocol = "sctp"`, 1))
+	// The watch's reload is guarded like any: removing one of two
+	// backends moves half the flows, over max_flow_move = 0.2.
+	d.WriteConfig(watchConfig(dsrConfig(21, 22), ""))
+	n, ok, msg = waitReload(n)
+	if !ok || backends() != 2 {
+		t.Fatalf("adding the backend back: ok=%v %s", ok, msg)
+	}
+	d.WriteConfig(watchConfig(dsrConfig(21), "max_flow_move = 0.2\n"))
+	n, ok, msg = waitReload(n)
+	if ok || !strings.Contains(msg, `service "web4" would move`) || !strings.Contains(msg, "max_flow_move = 0.2") {
+		t.Fatalf("a watched change over max_flow_move: ok=%v %q, want it refused", ok, msg)
+	}
+	if got := backends(); got != 2 {
+		t.Fatalf("a refused change was applied: %d backends", got)
+	}
+	d.WriteConfig(watchConfig(dsrConfig(21), ""))
+	n, ok, msg = waitReload(n)
+	if !ok || backends() != 1 {
+		t.Fatalf("the change without the guard: ok=%v %s", ok, msg)
+	}
+
+	d.WriteConfig(watchConfig(strings.Replace(dsrConfig(21, 22), `protocol = "tcp"`, `protocol = "sctp"`, 1), ""))
 	_, ok, msg = waitReload(n)
 	if ok || !strings.Contains(msg, "sctp") || !strings.Contains(msg, ".toml:") {
 		t.Fatalf("invalid file: ok=%v error %q, want a rejection naming file:line and the bad value", ok, msg)
 	}
-	svc, err = d.API().Service(ctx, "web4")
+	svc, err := d.API().Service(ctx, "web4")
 	if err != nil || len(svc.Backends) != 1 {
 		t.Fatalf("an invalid file changed the state: %+v (%v)", svc, err)
 	}

@@ -197,9 +197,9 @@ func (h *Host) StartL4LBDWrapped(wrapper []string, bin, config string, extraArgs
 	return d
 }
 
-// WriteConfig replaces the daemon's config file, in one rename: l4lbd
-// also reloads by itself when the file changes, and must never read half
-// of it.
+// WriteConfig replaces the daemon's config file, in one rename: with
+// daemon.watch_config on, l4lbd reloads by itself when the file changes,
+// and must never read half of it. Otherwise the test reloads (Reload).
 func (d *L4LBD) WriteConfig(config string) {
 	t := d.Host.top.T
 	t.Helper()
