@@ -8,7 +8,7 @@
 #   make lint       go vet + staticcheck
 #   make demo       the demo topology in network namespaces (root)
 #   make bench      benchmarks, each next to its baseline
-#   make bench-control  one endpoint change end to end (file, override; CONTROL_PATHS adds health, consul) at 100-10,000 services, against BASE's l4lbd (root)
+#   make bench-control  one endpoint change end to end (file, override; CONTROL_PATHS adds health, consul, kubernetes) at 100-10,000 services, against BASE's l4lbd (root)
 #   make bench-ab   the working tree's datapath C against BASE's (default HEAD), in one process (root)
 #   make fuzz       the datapath fuzzer for FUZZTIME (default 10m; root)
 #   make compare    l4lb next to a kube-proxy-shaped iptables setup (root)
@@ -144,11 +144,14 @@ bench-ab: generate
 # hold it, with the CPU l4lbd spent, its start-up time and RSS. BASE's l4lbd
 # (default HEAD) runs in the same run as the baseline. CONTROL_PATHS picks
 # what changes: file (reload), override (drain/enable), health (a TCP check
-# flips), consul (a real agent, bin/consul; built when asked for). About 10
-# minutes on 2 CPUs with the defaults. CONTROL_FLAGS='-services 1000 -rounds 3'.
+# flips), consul (a real agent, bin/consul), kubernetes (a real
+# kube-apiserver and etcd, `make kube-tools`); the last two are built when
+# asked for. About 10 minutes on 2 CPUs with the defaults; all five paths
+# at 100,1000 take about as long. CONTROL_FLAGS='-services 1000 -rounds 3'.
+# CONTROL_PATHS=file,override,health,consul,kubernetes.
 CONTROL_FLAGS ?= -services 100,1000,10000 -rounds 2
 CONTROL_PATHS ?= file,override
-bench-control: build $(if $(findstring consul,$(CONTROL_PATHS)),$(CONSUL))
+bench-control: build $(if $(findstring consul,$(CONTROL_PATHS)),$(CONSUL)) $(if $(findstring kubernetes,$(CONTROL_PATHS)),kube-tools)
 	@base=$$(mktemp -d) && trap 'git worktree remove --force '"$$base"'/src 2>/dev/null; rm -rf '"$$base"'; git worktree prune' EXIT && \
 	git worktree add --detach "$$base/src" $(BASE) >/dev/null && \
 	$(GO) -C "$$base/src" build -o "$$base/l4lbd" ./cmd/l4lbd && \

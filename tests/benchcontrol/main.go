@@ -17,6 +17,15 @@
 //   - consul: a dev-mode Consul agent (bin/consul) holds the N services
 //     instead of the file; one instance of one service is re-registered
 //     on another port (PUT /v1/agent/service/register): the call's return.
+//     Changes are 150 ms apart, so that none waits for the Consul source's
+//     rate limit (a query per 100 ms after a burst of 10).
+//   - kubernetes: a real kube-apiserver and etcd (kubetest, `make
+//     kube-tools`) hold N Services of type LoadBalancer (pod backends, VIP
+//     by annotation) with one EndpointSlice of B endpoints each; one
+//     endpoint's address changes (an EndpointSlice update): the update
+//     call's return. Timing starts once l4lbd has programmed the last
+//     Service and the changed one and its CPU is idle for a second (the
+//     status write-back is over). At most 65,000 Services: kubetest's ClusterIP range is a /16.
 //   - health: one extra service, hc, with TCP checks (interval 200 ms, rise
 //     and fall 1) on listeners of the bench in the topology's backend
 //     host; one listener is closed, or opened again: the health manager's
@@ -95,13 +104,10 @@ func main() {
 	for _, p := range strings.Split(*pathList, ",") {
 		p = strings.TrimSpace(p)
 		switch p {
-		case pathFile, pathOverride, pathConsul, pathHealth:
+		case pathFile, pathOverride, pathConsul, pathKubernetes, pathHealth:
 			paths[p] = true
-		case "kubernetes":
-			fmt.Fprintln(os.Stderr, "benchcontrol: the kubernetes path is not implemented yet (docs/perf-log.md, issue 28)")
-			os.Exit(2)
 		default:
-			fmt.Fprintf(os.Stderr, "benchcontrol: unknown path %q (file, override, consul, health)\n", p)
+			fmt.Fprintf(os.Stderr, "benchcontrol: unknown path %q (file, override, health, consul, kubernetes)\n", p)
 			os.Exit(2)
 		}
 	}
@@ -122,10 +128,14 @@ func main() {
 		}
 		*consulBin = abs
 	}
+	if paths[pathKubernetes] && slices.Max(counts) > k8sMaxServices {
+		fmt.Fprintf(os.Stderr, "benchcontrol: the kubernetes path takes at most %d services: kubetest's apiserver has a /16 of ClusterIPs, and every LoadBalancer Service takes one\n", k8sMaxServices)
+		os.Exit(2)
+	}
 	o := opts{backends: *backends, tableSize: *tableSize, changes: *changes, paths: paths}
 
-	results := map[[2]int][]run{}       // (size, binary) -> runs
-	setups := map[int][]time.Duration{} // size -> Consul setup times
+	results := map[[2]int][]run{}                                                    // (size, binary) -> runs
+	setups := map[string]map[int][]time.Duration{pathConsul: {}, pathKubernetes: {}} // path -> size -> setup times
 	var sc testnet.Script
 	err := sc.Run(func() {
 		tp := topo.New(&sc, topo.Options{LBs: 1, Backends: 1})
@@ -140,16 +150,26 @@ func main() {
 				if paths[pathConsul] {
 					fmt.Fprintf(os.Stderr, "round %d: Consul agent with %d services × %d instances\n", r+1, n, *backends)
 					agent = startConsul(&sc, lbHost, *consulBin, n, *backends)
-					setups[n] = append(setups[n], agent.setup)
+					setups[pathConsul][n] = append(setups[pathConsul][n], agent.setup)
 					fmt.Fprintf(os.Stderr, "  registered in %s\n", agent.setup.Round(100*time.Millisecond))
+				}
+				var cluster *k8sCluster
+				if paths[pathKubernetes] {
+					fmt.Fprintf(os.Stderr, "round %d: kube-apiserver and etcd with %d Services and EndpointSlices of %d endpoints\n", r+1, n, *backends)
+					cluster = startKubernetes(&sc, lbHost, n, *backends)
+					setups[pathKubernetes][n] = append(setups[pathKubernetes][n], cluster.setup)
+					fmt.Fprintf(os.Stderr, "  created in %s\n", cluster.setup.Round(100*time.Millisecond))
 				}
 				for bi, bin := range binList {
 					fmt.Fprintf(os.Stderr, "round %d: %d services × %d backends, %s\n", r+1, n, *backends, label[bi])
-					res := measure(tp, lbHost, bin, n, o, agent, hb)
+					res := measure(tp, lbHost, bin, n, o, agent, cluster, hb)
 					results[[2]int{si, bi}] = append(results[[2]int{si, bi}], res)
 				}
 				if agent != nil {
 					agent.stop()
+				}
+				if cluster != nil {
+					cluster.stop()
 				}
 			}
 		}
@@ -159,15 +179,21 @@ func main() {
 		os.Exit(1)
 	}
 	fmt.Printf("One endpoint change, timed from its event to the datapath holding it (read from the pinned maps every %s); %d changes per run, table_size %d, %d backends per service.\n", pollEvery, *changes, *tableSize, *backends)
-	fmt.Println("Starts: file = `l4lbctl reload` request (file written before), override = `l4lbctl backend drain|enable` request, consul = return of the agent's service register call, health = l4lbd's \"backend down|up\" log line (ms).")
-	if paths[pathConsul] {
-		fmt.Print("Consul agent start and registration of every instance (32 at a time):")
+	fmt.Println("Starts: file = `l4lbctl reload` request (file written before), override = `l4lbctl backend drain|enable` request, health = l4lbd's \"backend down|up\" log line (ms), consul = return of the agent's service register call, kubernetes = return of the EndpointSlice update call.")
+	for _, s := range []struct{ path, what string }{
+		{pathConsul, "Consul agent start and registration of every instance (32 at a time)"},
+		{pathKubernetes, "kube-apiserver and etcd start, creation of every Service and EndpointSlice (64 at a time)"},
+	} {
+		if !paths[s.path] {
+			continue
+		}
+		fmt.Print(s.what + ":")
 		for _, n := range counts {
-			for _, d := range setups[n] {
+			for _, d := range setups[s.path][n] {
 				fmt.Printf(" %d services %s;", n, d.Round(100*time.Millisecond))
 			}
 		}
-		fmt.Println(" start-up of a consul row is until the changed service is programmed.")
+		fmt.Printf(" the start-up of a %s row lasts until the changed service is programmed.\n", s.path)
 	}
 	fmt.Println()
 	fmt.Println("| services | l4lbd | path | p50 | p99 | CPU per change | start-up | RSS |")
@@ -194,13 +220,14 @@ func main() {
 
 // The paths, in the order they run and are reported.
 const (
-	pathFile     = "file"
-	pathOverride = "override"
-	pathHealth   = "health"
-	pathConsul   = "consul"
+	pathFile       = "file"
+	pathOverride   = "override"
+	pathHealth     = "health"
+	pathConsul     = "consul"
+	pathKubernetes = "kubernetes"
 )
 
-var allPaths = []string{pathFile, pathOverride, pathHealth, pathConsul}
+var allPaths = []string{pathFile, pathOverride, pathHealth, pathConsul, pathKubernetes}
 
 // opts are the settings every run shares.
 type opts struct {
@@ -247,15 +274,18 @@ func ms(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d)/float
 
 // measure starts bin with n services and times the changes of every path
 // asked for: file, override and health on one l4lbd reading the file,
-// consul on another reading agent. Each l4lbd is stopped again and its
+// consul on another reading agent, kubernetes on a third reading cluster. Each l4lbd is stopped again and its
 // pins removed.
-func measure(tp *topo.Topology, h *topo.Host, bin string, n int, o opts, agent *consulAgent, hb *hcBackends) run {
+func measure(tp *topo.Topology, h *topo.Host, bin string, n int, o opts, agent *consulAgent, cluster *k8sCluster, hb *hcBackends) run {
 	res := run{paths: map[string]timing{}}
 	if o.paths[pathFile] || o.paths[pathOverride] || o.paths[pathHealth] {
 		measureFile(tp, h, bin, n, o, hb, res.paths)
 	}
 	if o.paths[pathConsul] {
 		res.paths[pathConsul] = measureConsul(tp, h, bin, n, o, agent)
+	}
+	if o.paths[pathKubernetes] {
+		res.paths[pathKubernetes] = measureKubernetes(tp, h, bin, n, o, cluster)
 	}
 	return res
 }
