@@ -15,8 +15,9 @@
 //   - override: `l4lbctl backend drain` / `enable` of one backend of
 //     another service: the request.
 //   - consul: a dev-mode Consul agent (bin/consul) holds the N services
-//     instead of the file; one instance of one service is re-registered
-//     on another port (PUT /v1/agent/service/register): the call's return.
+//     instead of the file, as catalog entries of one node; one instance
+//     of one service is registered again with the same ID on another port
+//     (PUT /v1/catalog/register): the call's return.
 //     Changes are 150 ms apart, so that none waits for the Consul source's
 //     rate limit (a query per 100 ms after a burst of 10).
 //   - kubernetes: a real kube-apiserver and etcd (kubetest, `make
@@ -164,6 +165,11 @@ func main() {
 					fmt.Fprintf(os.Stderr, "round %d: %d services × %d backends, %s\n", r+1, n, *backends, label[bi])
 					res := measure(tp, lbHost, bin, n, o, agent, cluster, hb)
 					results[[2]int{si, bi}] = append(results[[2]int{si, bi}], res)
+					// Also as it comes, so that a later failure loses
+					// nothing measured.
+					for _, row := range res.rows(n, label[bi]) {
+						fmt.Fprint(os.Stderr, "  "+row)
+					}
 				}
 				if agent != nil {
 					agent.stop()
@@ -179,9 +185,9 @@ func main() {
 		os.Exit(1)
 	}
 	fmt.Printf("One endpoint change, timed from its event to the datapath holding it (read from the pinned maps every %s); %d changes per run, table_size %d, %d backends per service.\n", pollEvery, *changes, *tableSize, *backends)
-	fmt.Println("Starts: file = `l4lbctl reload` request (file written before), override = `l4lbctl backend drain|enable` request, health = l4lbd's \"backend down|up\" log line (ms), consul = return of the agent's service register call, kubernetes = return of the EndpointSlice update call.")
+	fmt.Println("Starts: file = `l4lbctl reload` request (file written before), override = `l4lbctl backend drain|enable` request, health = l4lbd's \"backend down|up\" log line (ms), consul = return of the catalog register call, kubernetes = return of the EndpointSlice update call.")
 	for _, s := range []struct{ path, what string }{
-		{pathConsul, "Consul agent start and registration of every instance (32 at a time)"},
+		{pathConsul, "Consul agent start and registration of every instance (64 per transaction)"},
 		{pathKubernetes, "kube-apiserver and etcd start, creation of every Service and EndpointSlice (64 at a time)"},
 	} {
 		if !paths[s.path] {
@@ -201,17 +207,8 @@ func main() {
 	for si, n := range counts {
 		for bi := range binList {
 			for _, res := range results[[2]int{si, bi}] {
-				for _, p := range allPaths {
-					tm, ok := res.paths[p]
-					if !ok {
-						continue
-					}
-					name := p
-					if tm.note != "" {
-						name += " (" + tm.note + ")"
-					}
-					fmt.Printf("| %d | %s | %s | %s | %s | %s | %s | %d MiB |\n", n, label[bi], name, ms(tm.p50), ms(tm.p99), ms(tm.cpu),
-						tm.start.Round(100*time.Millisecond), tm.rss>>20)
+				for _, row := range res.rows(n, label[bi]) {
+					fmt.Print(row)
 				}
 			}
 		}
@@ -238,6 +235,24 @@ type opts struct {
 // run is one binary at one size.
 type run struct {
 	paths map[string]timing
+}
+
+// rows are r's lines of the report's table.
+func (r run) rows(n int, label string) []string {
+	var out []string
+	for _, p := range allPaths {
+		tm, ok := r.paths[p]
+		if !ok {
+			continue
+		}
+		name := p
+		if tm.note != "" {
+			name += " (" + tm.note + ")"
+		}
+		out = append(out, fmt.Sprintf("| %d | %s | %s | %s | %s | %s | %s | %d MiB |\n", n, label, name, ms(tm.p50), ms(tm.p99), ms(tm.cpu),
+			tm.start.Round(100*time.Millisecond), tm.rss>>20))
+	}
+	return out
 }
 
 // timing is one path's changes, timed C times.
@@ -432,7 +447,7 @@ func measureConsul(tp *topo.Topology, h *topo.Host, bin string, n int, o opts, a
 		time.Sleep(consulPace)
 		reg := consulInstance(svc, 0, b, agent.changes)
 		agent.changes++
-		if err := agent.api.Agent().ServiceRegister(reg); err != nil {
+		if err := agent.register(reg); err != nil {
 			t.Fatalf("consul change %d: %v", i, err)
 		}
 		s := time.Now()
