@@ -147,7 +147,7 @@ bench-ab: generate
 # flips), consul (a real agent, bin/consul), kubernetes (a real
 # kube-apiserver and etcd, `make kube-tools`); the last two are built when
 # asked for. About 10 minutes on 2 CPUs with the defaults; all five paths
-# at 100,1000 take about as long. CONTROL_FLAGS='-services 1000 -rounds 3'.
+# at 100,1000 for one round take 4. CONTROL_FLAGS='-services 1000 -rounds 3'.
 # CONTROL_PATHS=file,override,health,consul,kubernetes.
 CONTROL_FLAGS ?= -services 100,1000,10000 -rounds 2
 CONTROL_PATHS ?= file,override

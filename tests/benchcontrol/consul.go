@@ -50,6 +50,7 @@ func startConsul(t testnet.TB, h *topo.Host, bin string, n, b int) *consulAgent 
 	if err != nil {
 		t.Fatalf("consul: %v", err)
 	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
 	c := &consulAgent{dir: dir}
 	c.proc = h.Start(bin, "agent", "-dev", "-node", "bench",
 		"-bind", "127.0.0.1", "-client", "127.0.0.1",
