@@ -8,7 +8,7 @@
 #   make lint       go vet + staticcheck
 #   make demo       the demo topology in network namespaces (root)
 #   make bench      benchmarks, each next to its baseline
-#   make bench-control  one endpoint change end to end (file + reload) at 100-10,000 services, against BASE's l4lbd (root)
+#   make bench-control  one endpoint change end to end (file, override; CONTROL_PATHS adds health, consul, kubernetes) at 100-10,000 services, against BASE's l4lbd (root)
 #   make bench-ab   the working tree's datapath C against BASE's (default HEAD), in one process (root)
 #   make fuzz       the datapath fuzzer for FUZZTIME (default 10m; root)
 #   make compare    l4lb next to a kube-proxy-shaped iptables setup (root)
@@ -139,17 +139,23 @@ bench-ab: generate
 		-names "$(BASE) (bpf/lb_bpfel.o as committed),the working tree (make generate),$(BASE) again (the control: what A against itself reads)" $(AB_FLAGS)
 
 # The control plane end to end (tests/benchcontrol): a real l4lbd in a
-# namespace serves N services of 10 backends from its file; one backend is
-# replaced and `l4lbctl reload` (which returns once it is programmed) is
-# timed, 20 times per size, with the CPU l4lbd spent, its start-up time and
-# RSS. BASE's l4lbd (default HEAD) runs in the same run as the baseline.
-# About 10 minutes on 2 CPUs. CONTROL_FLAGS='-services 1000 -rounds 3'.
+# namespace serves N services of 10 backends; one endpoint changes, 20 times
+# per size and path, each timed from its event until the pinned BPF maps
+# hold it, with the CPU l4lbd spent, its start-up time and RSS. BASE's l4lbd
+# (default HEAD) runs in the same run as the baseline. CONTROL_PATHS picks
+# what changes: file (reload), override (drain/enable), health (a TCP check
+# flips), consul (a real agent, bin/consul), kubernetes (a real
+# kube-apiserver and etcd, `make kube-tools`); the last two are built when
+# asked for. About 10 minutes on 2 CPUs with the defaults; all five paths
+# at 100,1000 for one round take 4. CONTROL_FLAGS='-services 1000 -rounds 3'.
+# CONTROL_PATHS=file,override,health,consul,kubernetes.
 CONTROL_FLAGS ?= -services 100,1000,10000 -rounds 2
-bench-control: build
+CONTROL_PATHS ?= file,override
+bench-control: build $(if $(findstring consul,$(CONTROL_PATHS)),$(CONSUL)) $(if $(findstring kubernetes,$(CONTROL_PATHS)),kube-tools)
 	@base=$$(mktemp -d) && trap 'git worktree remove --force '"$$base"'/src 2>/dev/null; rm -rf '"$$base"'; git worktree prune' EXIT && \
 	git worktree add --detach "$$base/src" $(BASE) >/dev/null && \
 	$(GO) -C "$$base/src" build -o "$$base/l4lbd" ./cmd/l4lbd && \
-	$(GO) run ./tests/benchcontrol -l4lbd "$$base/l4lbd",$(BIN)/l4lbd -names "$(BASE),working tree" $(CONTROL_FLAGS)
+	$(GO) run ./tests/benchcontrol -l4lbd "$$base/l4lbd",$(BIN)/l4lbd -names "$(BASE),working tree" -paths $(CONTROL_PATHS) -consul $(CONSUL) $(CONTROL_FLAGS)
 
 # The datapath fuzzer (lb/datapath/fuzz_test.go): both BPF entry points on
 # frames the engine mutates from the seed corpus, checked by an oracle of

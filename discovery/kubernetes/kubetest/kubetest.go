@@ -7,7 +7,8 @@
 // The binaries are built once into a cache by scripts/kube-tools.sh (`make
 // kube-tools`, a dependency of `make test`); both listen on 127.0.0.1 only,
 // with certificates and tokens the test generates into its temporary
-// directory. Test support only: no l4lb program imports it.
+// directory. Test support only: no l4lb program imports it; besides tests,
+// the benchmark commands under tests/ (tests/benchcontrol) do, through TB.
 //
 // No controller-manager or kubelet runs: a test creates Nodes and sets
 // their status, and creates the EndpointSlices, itself.
@@ -52,6 +53,18 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 )
 
+// TB is what the package needs of its caller: a *testing.T or
+// *testing.B, or a benchmark command's stand-in for one.
+type TB interface {
+	Helper()
+	Fatal(args ...any)
+	Fatalf(format string, args ...any)
+	Skip(args ...any)
+	Logf(format string, args ...any)
+	Cleanup(func())
+	TempDir() string
+}
+
 // privilegedEnv is set by `make test` (and so CI): there missing binaries
 // are a failure, not a reason to skip.
 const privilegedEnv = "L4LB_PRIVILEGED_TESTS"
@@ -59,9 +72,10 @@ const privilegedEnv = "L4LB_PRIVILEGED_TESTS"
 // Binaries returns the kube-apiserver and etcd that scripts/kube-tools.sh
 // built (L4LB_KUBE_APISERVER and L4LB_ETCD override them). Without them
 // the test fails under `make test` and is skipped otherwise.
-func Binaries(t testing.TB) (apiserver, etcd string) {
+func Binaries(t TB) (apiserver, etcd string) {
 	t.Helper()
-	if testing.Short() {
+	// Outside a test binary (a benchmark command) there is no -short.
+	if _, inTest := t.(testing.TB); inTest && testing.Short() {
 		t.Skip("skipping in -short mode (make check): runs kube-apiserver and etcd; make test runs them")
 	}
 	apiserver, etcd = os.Getenv("L4LB_KUBE_APISERVER"), os.Getenv("L4LB_ETCD")
@@ -125,7 +139,7 @@ func stripComments(data []byte) []byte {
 // Cluster is one etcd and one kube-apiserver (or, from SecondAPIServer,
 // another apiserver on the same etcd).
 type Cluster struct {
-	t   testing.TB
+	t   TB
 	dir string
 	// URL is the apiserver's https://127.0.0.1:port.
 	URL string
@@ -159,13 +173,13 @@ type Options struct {
 
 // Start runs etcd and the apiserver and waits until the apiserver is
 // ready. Both are killed, and their files removed, when the test ends.
-func Start(t testing.TB) *Cluster {
+func Start(t TB) *Cluster {
 	t.Helper()
 	return StartWith(t, Options{})
 }
 
 // StartWith is Start with Options.
-func StartWith(t testing.TB, o Options) *Cluster {
+func StartWith(t TB, o Options) *Cluster {
 	t.Helper()
 	apiserver, etcdBin := Binaries(t)
 	dir := t.TempDir()
@@ -347,6 +361,10 @@ func (c *Cluster) tail(name string) string {
 	return string(data)
 }
 
+// RESTConfig is a copy of the admin client's config, e.g. for a client
+// with another request rate.
+func (c *Cluster) RESTConfig() *rest.Config { return rest.CopyConfig(c.rest) }
+
 // Dir is the cluster's temporary directory, where kubeconfigs are written.
 func (c *Cluster) Dir() string { return c.dir }
 
@@ -499,7 +517,7 @@ func (c *Cluster) SetEndpoints(ns, svc string, ports map[string]int32, eps ...En
 	}
 }
 
-func freePort(t testing.TB) int {
+func freePort(t TB) int {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -516,7 +534,7 @@ type pki struct {
 // writePKI makes a CA, the apiserver's serving certificate for 127.0.0.1,
 // an admin client certificate (group system:masters) and the service
 // account signing key, all valid for a day.
-func writePKI(t testing.TB, dir string) pki {
+func writePKI(t TB, dir string) pki {
 	t.Helper()
 	p := pki{
 		caCert: filepath.Join(dir, "ca.crt"), serverCert: filepath.Join(dir, "server.crt"), serverKey: filepath.Join(dir, "server.key"),
@@ -558,7 +576,7 @@ func writePKI(t testing.TB, dir string) pki {
 	return p
 }
 
-func newKey(t testing.TB) *ecdsa.PrivateKey {
+func newKey(t TB) *ecdsa.PrivateKey {
 	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
@@ -566,7 +584,7 @@ func newKey(t testing.TB) *ecdsa.PrivateKey {
 	return k
 }
 
-func writePEM(t testing.TB, path, typ string, der []byte) {
+func writePEM(t TB, path, typ string, der []byte) {
 	t.Helper()
 	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
 		t.Fatal(err)
