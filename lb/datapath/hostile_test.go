@@ -461,3 +461,39 @@ func diffReasons(before, after map[string]uint64) map[string]uint64 {
 	}
 	return out
 }
+
+// TestICMPErrorFromLocalSource sends an ICMP error about a DSR flow's reply
+// from the box's own address (its SNAT address, and the VIP itself), and
+// from a broadcast Ethernet destination: none is passed on to a backend,
+// each is counted; the same error from a router reaches the backend.
+func TestICMPErrorFromLocalSource(t *testing.T) {
+	e := newSNATEnv(t, envOptions{})
+	svcs := hostileServices()
+	e.reconcile(t, svcs...)
+	for _, k := range hooks {
+		for _, fam := range families {
+			t.Run(fmt.Sprintf("%s/%s", k, fam.name), func(t *testing.T) {
+				svc := serviceOf(t, svcs, fam, lb.TCP)
+				f := flowTo(svc.Frontend, fam.client, 41000+uint16(k))
+				kind := errKinds(fam)[1]
+				quote := quoteOf(t, replyPkt(f, netip.AddrPortFrom(f.Dst, f.DstPort)), kind)
+				for _, src := range []netip.Addr{fam.lbAddr, fam.vip} {
+					in := e.icmpErr(t, src, f.Dst, kind, quote)
+					before := e.reasons(t)
+					if r := e.runOn(t, k, in); r.verdict != k.pass() || !bytes.Equal(r.out[:len(in)], in) {
+						t.Fatalf("error from %s: verdict %s, want %s untouched", src, k.verdictName(r.verdict), k.verdictName(k.pass()))
+					}
+					e.expectReasons(t, before, map[string]uint64{"pass_local_source": 1})
+				}
+				in := e.icmpErr(t, routerOf(fam), f.Dst, kind, quote)
+				copy(in[0:6], []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff})
+				before := e.reasons(t)
+				if r := e.runOn(t, k, in); r.verdict != k.pass() || !bytes.Equal(r.out[:len(in)], in) {
+					t.Fatalf("broadcast error: verdict %s, want %s untouched", k.verdictName(r.verdict), k.verdictName(k.pass()))
+				}
+				e.expectReasons(t, before, map[string]uint64{"pass_not_for_host": 1})
+				e.sendICMPToFlow(t, k, svc, f, kind)
+			})
+		}
+	}
+}
