@@ -27,6 +27,8 @@
 #include "include/hook.h"
 #include "include/icmp.h"
 #include "include/ipopt.h"
+#include "include/l2.h"
+#include "include/localaddr.h"
 #include "include/maps.h"
 #include "include/nexthop.h"
 #include "include/parse.h"
@@ -310,6 +312,10 @@ static __always_inline int icmp_error(const struct hook *h, struct packet *p)
 		r = L4LB_R_PASS_VLAN;
 		goto pass;
 	}
+	if (local_source(p->family, p->key.src)) {
+		r = L4LB_R_PASS_LOCAL_SOURCE;
+		goto pass;
+	}
 	if (!snat_addr_eq(p->key.dst, q.key.src)) {
 		r = L4LB_R_PASS_NOT_SERVICE;
 		goto pass;
@@ -367,15 +373,20 @@ struct icmp_todo {
 __noinline int l4lb_validate_xdp(struct xdp_md *ctx, const struct packet *p, __u32 slow);
 __noinline int l4lb_validate_tc(struct __sk_buff *ctx, const struct packet *p, __u32 slow);
 
-/* May p be forwarded (validate.h)? -1, or the reason it may not. */
-static __always_inline int validate(const struct hook *h, const struct packet *p)
+/* May p be forwarded (validate.h)? -1, or the reason it may not. gen is
+ * flow_cache_gen as read for this packet (l2.h). */
+static __always_inline int validate(const struct hook *h, const struct packet *p, __u32 gen)
 {
 #ifdef L4LB_BENCH_NO_VALIDATE
 	/* Only for measuring what validation costs (docs/datapath.md): never
 	 * in a committed object. */
 	return -1;
 #endif
-	int slow, r = validate_fast(h, p, &slow);
+	int slow, r;
+
+	if (!l2_to_host(h, gen))
+		return L4LB_R_PASS_NOT_FOR_HOST;
+	r = validate_fast(h, p, &slow);
 
 	if (r >= 0 || !slow)
 		return r;
@@ -384,18 +395,31 @@ static __always_inline int validate(const struct hook *h, const struct packet *p
 	return l4lb_validate_tc(h->ctx, p, slow);
 }
 
-/* A TCP/UDP packet to no frontend: maybe a backend's reply to a SNAT flow. */
-static __always_inline int not_frontend(const struct hook *h, const struct packet *p)
+/*
+ * A TCP/UDP packet to no frontend: maybe a backend's reply to a SNAT flow.
+ * A reply too big for the path to its client is left to the ICMP path
+ * (todo), which answers the backend from the SNAT address, as the router
+ * hop the LB is for it.
+ */
+static __always_inline int not_frontend(const struct hook *h, struct icmp_todo *todo)
 {
-	int r;
+	const struct packet *p = &todo->p;
+	__u32 mtu = 0;
+	int r, verdict;
 
 	if (snat_is_ours(p)) {
-		r = validate(h, p);
+		r = validate(h, p, flow_cache_gen_now());
 		if (r >= 0) {
 			count_reason(r, p->l3_len);
 			return hook_pass(h);
 		}
-		return snat_reply(h, p, segment_len(h, p, 0));
+		verdict = snat_reply(h, p, segment_len(h, p, 0), &mtu);
+		if (unlikely(mtu)) {
+			todo->mtu = mtu;
+			todo->overhead = 0;
+			todo->kind = ICMP_TODO_TOO_BIG;
+		}
+		return verdict;
 	}
 	count_reason(L4LB_R_PASS_NOT_SERVICE, p->l3_len);
 	return hook_pass(h);
@@ -425,7 +449,7 @@ static __always_inline int lb_process(const struct hook *h, struct icmp_todo *to
 			     (p->key.proto == IPPROTO_ICMP || p->key.proto == IPPROTO_ICMPV6))) {
 			/* An error is only passed on with well-formed outer
 			 * headers; icmp_error checks the rest. */
-			r = validate(h, p);
+			r = validate(h, p, flow_cache_gen_now());
 			if (r >= 0) {
 				count_reason(r, p->l3_len);
 				return hook_pass(h);
@@ -437,8 +461,9 @@ static __always_inline int lb_process(const struct hook *h, struct icmp_todo *to
 		return hook_pass(h);
 	}
 	if (!vip_maybe(&p->key))
-		return not_frontend(h, p);
-	r = validate(h, p);
+		return not_frontend(h, todo);
+	gen = flow_cache_gen_now();
+	r = validate(h, p, gen);
 	if (r >= 0) {
 		count_reason(r, p->l3_len);
 		return hook_pass(h);
@@ -451,7 +476,6 @@ static __always_inline int lb_process(const struct hook *h, struct icmp_todo *to
 	 * there is usable (flowcache.h). Anything else takes the full path
 	 * below.
 	 */
-	gen = flow_cache_gen_now();
 	now = coarse_now();
 	mix = flow_key_mix(&p->key);
 	fc = NULL;
@@ -525,10 +549,20 @@ static __always_inline int lb_process(const struct hook *h, struct icmp_todo *to
 	if (!syn)
 		svc = svc_lookup(p, now, gen);
 	if (!svc)
-		return not_frontend(h, p);
+		return not_frontend(h, todo);
 	if ((svc->flags & L4LB_SVC_SOURCE_RANGES) && !source_allowed(svc->id, p->key.src)) {
 		count_reason(L4LB_R_DROP_SOURCE_RANGE, p->l3_len);
 		return hook_drop(h);
+	}
+	/* Only here, where a flow is balanced: no entry is ever made for a
+	 * local source, so the established paths above need no check. */
+	if (local_source(p->family, p->key.src)) {
+		count_reason(L4LB_R_PASS_LOCAL_SOURCE, p->l3_len);
+		return hook_pass(h);
+	}
+	if (unlikely(ah_refused(p, svc->mode, svc->dispatch))) {
+		count_reason(L4LB_R_PASS_IPV6_AH, p->l3_len);
+		return hook_pass(h);
 	}
 	/* XDP cannot re-tag a frame for another VLAN; at tc on the VLAN
 	 * device the tag is already gone. */
@@ -557,6 +591,10 @@ established:
 	mode = L4LB_WORD_MODE(word);
 	dispatch = L4LB_WORD_DISPATCH(word);
 	sel.new_flow = 0;
+	if (unlikely(ah_refused(p, mode, dispatch))) {
+		count_reason(L4LB_R_PASS_IPV6_AH, p->l3_len);
+		return hook_pass(h);
+	}
 forward:
 	switch (mode) {
 	case L4LB_MODE_DSR:
@@ -570,7 +608,15 @@ forward:
 		}
 		break;
 	case L4LB_MODE_SNAT:
-		verdict = snat_forward(h, p, &sel, svc_id, segment_len(h, p, 0), now, &reason);
+		verdict = snat_forward(h, p, &sel, svc_id, segment_len(h, p, 0), now, &tb.mtu, &reason);
+		if (unlikely(reason == L4LB_R_DROP_FRAG_NEEDED)) {
+			/* Answered as a router hop would (ip_forward); SNAT
+			 * adds nothing to the packet. */
+			todo->mtu = tb.mtu;
+			todo->overhead = 0;
+			todo->kind = ICMP_TODO_TOO_BIG;
+			return verdict;
+		}
 		break;
 	default:
 		/* The control plane never programs a mode this object lacks. */

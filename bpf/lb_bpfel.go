@@ -106,6 +106,21 @@ type LbIcmpBucket struct {
 	Tat uint64
 }
 
+type LbIngressCopy struct {
+	_       structs.HostLayout
+	Ifindex uint32
+	Gen     uint32
+	Mac     [6]uint8
+	Known   uint8
+	Pad     uint8
+}
+
+type LbIngressMac struct {
+	_   structs.HostLayout
+	Mac [6]uint8
+	Pad [2]uint8
+}
+
 type LbL4lbBackendFlags uint32
 
 const (
@@ -172,7 +187,11 @@ const (
 	LbL4lbReasonL4LB_R_PASS_IPV6EXT           LbL4lbReason = 27
 	LbL4lbReasonL4LB_R_PASS_UDP_LENGTH        LbL4lbReason = 28
 	LbL4lbReasonL4LB_R_PASS_ICMP_CSUM         LbL4lbReason = 29
-	LbL4lbReasonL4LB_R_MAX                    LbL4lbReason = 30
+	LbL4lbReasonL4LB_R_PASS_NOT_FOR_HOST      LbL4lbReason = 30
+	LbL4lbReasonL4LB_R_PASS_MARTIAN_SOURCE    LbL4lbReason = 31
+	LbL4lbReasonL4LB_R_PASS_LOCAL_SOURCE      LbL4lbReason = 32
+	LbL4lbReasonL4LB_R_PASS_IPV6AH            LbL4lbReason = 33
+	LbL4lbReasonL4LB_R_MAX                    LbL4lbReason = 34
 )
 
 type LbL4lbSnatState uint32
@@ -196,6 +215,11 @@ type LbLbStats struct {
 	Packets  uint64
 	Bytes    uint64
 	NewFlows uint64
+}
+
+type LbLocalAddr struct {
+	_    structs.HostLayout
+	Addr [16]uint8
 }
 
 type LbNexthop struct {
@@ -329,7 +353,10 @@ const (
 	LbMapFlowCacheGen         = "flow_cache_gen"
 	LbMapHandshakes           = "handshakes"
 	LbMapIcmpBuckets          = "icmp_buckets"
+	LbMapIngressCache         = "ingress_cache"
+	LbMapIngressMacs          = "ingress_macs"
 	LbMapInsertBuckets        = "insert_buckets"
+	LbMapLocalAddrs           = "local_addrs"
 	LbMapMaglev               = "maglev"
 	LbMapMaglevSwapped        = "maglev_swapped"
 	LbMapNexthops             = "nexthops"
@@ -442,7 +469,10 @@ type LbMapSpecs struct {
 	FlowCacheGen    *ebpf.MapSpec `ebpf:"flow_cache_gen"`
 	Handshakes      *ebpf.MapSpec `ebpf:"handshakes"`
 	IcmpBuckets     *ebpf.MapSpec `ebpf:"icmp_buckets"`
+	IngressCache    *ebpf.MapSpec `ebpf:"ingress_cache"`
+	IngressMacs     *ebpf.MapSpec `ebpf:"ingress_macs"`
 	InsertBuckets   *ebpf.MapSpec `ebpf:"insert_buckets"`
+	LocalAddrs      *ebpf.MapSpec `ebpf:"local_addrs"`
 	Maglev          *ebpf.MapSpec `ebpf:"maglev"`
 	MaglevSwapped   *ebpf.MapSpec `ebpf:"maglev_swapped"`
 	Nexthops        *ebpf.MapSpec `ebpf:"nexthops"`
@@ -527,7 +557,10 @@ type LbMaps struct {
 	FlowCacheGen    *ebpf.Map `ebpf:"flow_cache_gen"`
 	Handshakes      *ebpf.Map `ebpf:"handshakes"`
 	IcmpBuckets     *ebpf.Map `ebpf:"icmp_buckets"`
+	IngressCache    *ebpf.Map `ebpf:"ingress_cache"`
+	IngressMacs     *ebpf.Map `ebpf:"ingress_macs"`
 	InsertBuckets   *ebpf.Map `ebpf:"insert_buckets"`
+	LocalAddrs      *ebpf.Map `ebpf:"local_addrs"`
 	Maglev          *ebpf.Map `ebpf:"maglev"`
 	MaglevSwapped   *ebpf.Map `ebpf:"maglev_swapped"`
 	Nexthops        *ebpf.Map `ebpf:"nexthops"`
@@ -562,7 +595,10 @@ func (m *LbMaps) Close() error {
 		m.FlowCacheGen,
 		m.Handshakes,
 		m.IcmpBuckets,
+		m.IngressCache,
+		m.IngressMacs,
 		m.InsertBuckets,
+		m.LocalAddrs,
 		m.Maglev,
 		m.MaglevSwapped,
 		m.Nexthops,

@@ -27,10 +27,13 @@ struct route {
  * packet can go out, or the enum l4lb_reason for why not; for
  * L4LB_R_DROP_FRAG_NEEDED rt->mtu holds the egress MTU.
  *
- * At XDP the kernel checks tot_len against the route's MTU. At tc the packet
- * may be a GSO super-packet whose segments fit although its length does not,
- * so the check is done here on the segment size (seg_len: what one segment's
- * L3 length will be).
+ * The kernel checks the length it is given against the route's MTU: at XDP
+ * tot_len; at tc seg_len (what one segment's L3 length will be), since the
+ * packet may be a GSO super-packet whose segments fit although its length
+ * does not. A length of 0 would make the kernel check the skb as it is now
+ * instead, which is not what leaves: too big for a packet about to be
+ * encapsulated, and for an ICMP answer about to replace it (a jumbo frame
+ * in, 1500 out, would get no answer at tc).
  */
 static __always_inline int route_lookup(const struct hook *h, __u8 family, const __u8 src[16],
 					const __u8 dst[16], __u16 tot_len, __u32 seg_len, struct route *rt)
@@ -39,7 +42,7 @@ static __always_inline int route_lookup(const struct hook *h, __u8 family, const
 	long rc;
 
 	fib.ifindex = hook_ifindex(h);
-	fib.tot_len = h->xdp ? tot_len : 0;
+	fib.tot_len = h->xdp ? tot_len : (seg_len > 0xffff ? 0xffff : seg_len);
 	if (family == 4) {
 		fib.family = AF_INET;
 		fib.ipv4_src = addr_to_v4(src);
@@ -54,10 +57,6 @@ static __always_inline int route_lookup(const struct hook *h, __u8 family, const
 	rt->mtu = 0;
 	switch (rc) {
 	case BPF_FIB_LKUP_RET_SUCCESS:
-		if (!h->xdp && seg_len > fib.mtu_result) {
-			rt->mtu = fib.mtu_result;
-			return L4LB_R_DROP_FRAG_NEEDED;
-		}
 		break;
 	case BPF_FIB_LKUP_RET_NO_NEIGH:
 		rt->no_neigh = 1;

@@ -224,6 +224,26 @@ static __always_inline int icmp_csum_ok(const struct hook *h, const struct packe
 }
 
 /*
+ * May an ICMP answer go to addr? Never to an unspecified, multicast or
+ * broadcast address (RFC 1812 4.3.2.7, RFC 4443 2.4(e); icmp_send and
+ * icmp6_send refuse them): such a "client" is a spoofer or a
+ * misconfiguration, and an answer would go to nobody or to everybody.
+ * parse.h's martian check refuses these sources before, so this is the
+ * answer's own guarantee, whatever path led to it.
+ */
+static __always_inline int icmp_unicast_dest(__u8 family, const __u8 addr[16])
+{
+	const __u32 *w = (const __u32 *)addr;
+
+	if (family == 4) {
+		__u8 a0 = addr[12];
+
+		return a0 != 0 && a0 < 224;
+	}
+	return addr[0] != 0xff && (w[0] | w[1] | w[2] | w[3]) != 0;
+}
+
+/*
  * Answer p, of the given family (a literal, so each family's code is its
  * own), too big by the egress MTU mtu once the dispatch adds overhead
  * bytes, with ICMP fragmentation-needed / packet-too-big to the client (see
@@ -249,7 +269,7 @@ static __always_inline int icmp_too_big(const struct hook *h, const struct packe
 	__u16 *fp;
 
 	*reason = L4LB_R_DROP_FRAG_NEEDED;
-	if (!cfg_icmp_interval_ns || mtu <= overhead)
+	if (!cfg_icmp_interval_ns || mtu <= overhead || !icmp_unicast_dest(family, p->key.src))
 		return hook_drop(h);
 	announce = mtu - overhead;
 	if (family == 4 ? (!p->frag_df || announce < IPV4_MIN_MTU) : announce < IPV6_MIN_MTU)

@@ -391,6 +391,27 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } reasons SEC(".maps");
 
+/* The MAC of each interface the XDP program is attached to, by ifindex
+ * (host order): written by l4lbd when it attaches (l2.h). Not pinned: each
+ * datapath fills its own before its programs run (lb/datapath/local.go). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u32);
+	__type(value, struct ingress_mac);
+	__uint(max_entries, 64);
+} ingress_macs SEC(".maps");
+
+/* The box's own addresses besides the SNAT addresses (config.h): VIPs and
+ * the attached interfaces' addresses, written by l4lbd (localaddr.h).
+ * Sized by lb/datapath from max_services; not pinned, as ingress_macs. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct local_addr);
+	__type(value, __u8);
+	__uint(max_entries, 4352);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+} local_addrs SEC(".maps");
+
 /* Interfaces the LB may redirect to (ifindex -> ifindex). */
 struct {
 	__uint(type, BPF_MAP_TYPE_DEVMAP_HASH);

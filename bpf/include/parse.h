@@ -52,7 +52,8 @@ struct packet {
 #define PKT_IP6_EXT 0x2  /* IPv6 extension headers: order, TLVs, routing */
 #define PKT_UDP_LEN 0x4  /* UDP length shorter than the IP payload */
 #define PKT_TTL0    0x8  /* TTL / hop limit 0: no hop may forward it */
-#define PKT_MARTIAN 0x10 /* a source no host accepts (ip_route_input, ipv6_rcv) */
+#define PKT_MARTIAN 0x10 /* a source no host or router accepts (ip_route_input, ipv6_rcv, ip6_forward) */
+#define PKT_IP6_AH  0x20 /* an IPv6 authentication header: a rewrite would break its ICV */
 
 /* The service-map key of the frontend a flow is addressed to. */
 static __always_inline void svc_key_of(struct svc_key *sk, const struct flow_key *k)
@@ -152,11 +153,20 @@ static __always_inline int parse_packet(void *data, void *data_end, struct packe
 		p->l3_len = sizeof(*ip6h) + bpf_ntohs(ip6h->payload_len);
 		if (ip6h->hop_limit == 0)
 			p->checks |= PKT_TTL0;
-		/* Multicast (ff00::/8) or loopback (::1). */
-		if (ip6h->saddr.in6_u.u6_addr8[0] == 0xff ||
-		    (!(ip6h->saddr.in6_u.u6_addr32[0] | ip6h->saddr.in6_u.u6_addr32[1] | ip6h->saddr.in6_u.u6_addr32[2]) &&
-		     ip6h->saddr.in6_u.u6_addr32[3] == bpf_htonl(1)))
-			p->checks |= PKT_MARTIAN;
+		{
+			/* Multicast (ff00::/8), link-local (fe80::/10: ip6_forward
+			 * never forwards it), and in ::/96 and ::ffff:0:0/96 the
+			 * unspecified ::, loopback ::1 and v4-mapped addresses
+			 * (never on the wire: tcp_v6_conn_request drops v4-mapped
+			 * SYNs, RFC 4291 2.5.5.2). */
+			const __u32 *w = ip6h->saddr.in6_u.u6_addr32;
+			__u8 a0 = ip6h->saddr.in6_u.u6_addr8[0];
+
+			if (a0 == 0xff || (a0 == 0xfe && (ip6h->saddr.in6_u.u6_addr8[1] & 0xc0) == 0x80) ||
+			    (!(w[0] | w[1]) && (w[2] == bpf_htonl(0x0000ffff) ||
+						 (!w[2] && (w[3] == 0 || w[3] == bpf_htonl(1))))))
+				p->checks |= PKT_MARTIAN;
+		}
 		p->tos = (ip6h->priority << 4) | (ip6h->flow_lbl[0] >> 4);
 		p->frag_df = 0;
 		copy16(p->key.src, &ip6h->saddr);
@@ -186,9 +196,14 @@ static __always_inline int parse_packet(void *data, void *data_end, struct packe
 			p->checks |= PKT_IP6_EXT;
 			if ((void *)(oh + 1) > data_end)
 				return L4LB_R_PASS_MALFORMED_L3;
-			if (l4proto == IPPROTO_AH)
+			if (l4proto == IPPROTO_AH) {
+				/* Shorter than AH's 12 fixed bytes (RFC 4302 2.2):
+				 * no room for its sequence number. */
+				if (oh->hdrlen < 1)
+					return L4LB_R_PASS_MALFORMED_L3;
 				hl = (oh->hdrlen + 2) * 4;
-			else
+				p->checks |= PKT_IP6_AH;
+			} else
 				hl = (oh->hdrlen + 1) * 8;
 			if (off + hl > end)
 				return L4LB_R_PASS_MALFORMED_L3;

@@ -221,14 +221,11 @@ static __always_inline void snat_reply_key(struct snat_rev_key *rk, const struct
 	rk->proto = p->key.proto;
 }
 
-static __always_inline int snat_is_ours(const struct packet *p)
+/* Is addr (of the given family) one of the SNAT addresses? */
+static __always_inline int snat_addr_is(__u8 family, const __u8 addr[16])
 {
-	__u16 port = bpf_ntohs(p->key.dport);
-
-	if (port < cfg_snat_port_min || port > cfg_snat_port_max)
-		return 0;
-	if (p->family == 4) {
-		__be32 a = addr_to_v4(p->key.dst);
+	if (family == 4) {
+		__be32 a = addr_to_v4(addr);
 
 		for (__u32 i = 0; i < SNAT_ADDRS_MAX; i++) {
 			if (i >= cfg_snat_addr4_count)
@@ -238,7 +235,7 @@ static __always_inline int snat_is_ours(const struct packet *p)
 		}
 		return 0;
 	}
-	const __u32 *d = (const __u32 *)p->key.dst;
+	const __u32 *d = (const __u32 *)addr;
 	const volatile __u32 *w = (const volatile __u32 *)cfg_snat_addr6;
 
 	for (__u32 i = 0; i < SNAT_ADDRS_MAX; i++) {
@@ -248,6 +245,16 @@ static __always_inline int snat_is_ours(const struct packet *p)
 			return 1;
 	}
 	return 0;
+}
+
+/* Is p addressed to a SNAT address and port: maybe a backend's reply? */
+static __always_inline int snat_is_ours(const struct packet *p)
+{
+	__u16 port = bpf_ntohs(p->key.dport);
+
+	if (port < cfg_snat_port_min || port > cfg_snat_port_max)
+		return 0;
+	return snat_addr_is(p->family, p->key.dst);
 }
 
 /*
@@ -670,14 +677,18 @@ static __always_inline int snat_bind(const struct packet *p, const struct select
 	return -1;
 }
 
-/* Rewrite p to src:sport -> sel's backend and send it there. */
+/* Rewrite p to src:sport -> sel's backend and send it there. Too big for
+ * the egress MTU: dropped as drop_frag_needed with *mtu set, untouched, for
+ * the caller to answer as a router would. */
 static __always_inline int snat_send(const struct hook *h, const struct packet *p, const struct selection *sel,
-				     const __u8 src[16], __be16 sport, __u32 seg_len, int *reason)
+				     const __u8 src[16], __be16 sport, __u32 seg_len, __u32 *mtu, int *reason)
 {
 	struct route rt;
 	int r;
 
 	r = route_to_backend(h, p->family, src, sel, p->l3_len, seg_len, &rt);
+	if (r == L4LB_R_DROP_FRAG_NEEDED)
+		*mtu = rt.mtu;
 	if (r >= 0)
 		goto drop;
 	if (trim_to_l3(h, p) >= 0) {
@@ -741,13 +752,14 @@ static __always_inline int snat_cached(const struct packet *p, const struct sele
 /*
  * SNAT a client packet to the backend in sel. seg_len is what one segment's
  * L3 length is (see route_lookup). Returns the verdict; *reason is set when
- * the packet was not forwarded, or forwarded with the stack's help.
+ * the packet was not forwarded, or forwarded with the stack's help; for
+ * drop_frag_needed *mtu holds the egress MTU (see snat_send).
  *
  * Every packet looks up both halves of its binding: that is what notices a
  * half the LRU forgot, on the very next packet, and repairs it.
  */
 static __always_inline int snat_forward(const struct hook *h, const struct packet *p, const struct selection *sel,
-					__u32 svc_id, __u32 seg_len, __u64 now, int *reason)
+					__u32 svc_id, __u32 seg_len, __u64 now, __u32 *mtu, int *reason)
 {
 	struct flow_cache_entry *fc = sel->fc;
 	struct snat_work *s;
@@ -759,7 +771,7 @@ static __always_inline int snat_forward(const struct hook *h, const struct packe
 		 * this frame, and with it every path's. */
 		s = bpf_map_lookup_elem(&snat_scratch, &zero);
 		if (s && snat_cached(p, sel, now, &s->rk))
-			return snat_send(h, p, sel, s->rk.snat_addr, s->rk.snat_port, seg_len, reason);
+			return snat_send(h, p, sel, s->rk.snat_addr, s->rk.snat_port, seg_len, mtu, reason);
 	}
 	r = snat_bind(p, sel, svc_id, &s);
 	if (r >= 0) {
@@ -772,7 +784,7 @@ static __always_inline int snat_forward(const struct hook *h, const struct packe
 		fc->snat_port = s->rk.snat_port;
 		fc->snat_ok = 1;
 	}
-	return snat_send(h, p, sel, s->rk.snat_addr, s->rk.snat_port, seg_len, reason);
+	return snat_send(h, p, sel, s->rk.snat_addr, s->rk.snat_port, seg_len, mtu, reason);
 }
 
 /* The live binding of a backend's reply p (s->rk its key): the main
@@ -806,9 +818,11 @@ static __always_inline struct snat_rev_value *snat_reply_binding(const struct pa
  * The reply path: a TCP/UDP packet to no frontend whose destination passed
  * snat_is_ours. A live binding's reply is rewritten back to VIP:port ->
  * client:port and sent to the client; anything else goes to the stack
- * untouched (pass_not_service). Counts its own reasons.
+ * untouched (pass_not_service). Counts its own reasons, but one: a reply
+ * too big for the path to the client is dropped uncounted with *mtu set to
+ * the egress MTU, for the caller to answer the backend as a router would.
  */
-static __always_inline int snat_reply(const struct hook *h, const struct packet *p, __u32 seg_len)
+static __always_inline int snat_reply(const struct hook *h, const struct packet *p, __u32 seg_len, __u32 *mtu)
 {
 	struct snat_rev_value *rv;
 	struct snat_work *s;
@@ -848,6 +862,10 @@ static __always_inline int snat_reply(const struct hook *h, const struct packet 
 	s->rv = *rv;
 
 	r = route_lookup(h, p->family, s->rv.vip, s->rv.client_addr, p->l3_len, seg_len, &rt);
+	if (r == L4LB_R_DROP_FRAG_NEEDED) {
+		*mtu = rt.mtu;
+		return hook_drop(h);
+	}
 	if (r >= 0)
 		goto drop;
 	if (trim_to_l3(h, p) >= 0) {

@@ -265,6 +265,21 @@ enum l4lb_event {
 	L4LB_E_MAX,
 };
 
+/* Value of the ingress_macs map (key: ifindex, host order): the MAC of an
+ * interface the LB program is attached to at XDP, which frames must be
+ * addressed to (see l2.h). */
+struct ingress_mac {
+	__u8 mac[6]; /* the interface's address */
+	__u8 pad[2]; /* always 0 */
+};
+
+/* Key of the local_addrs map: one of the box's own addresses (a VIP, an
+ * address of an attached interface), which no packet the LB forwards may
+ * carry as its source (see localaddr.h). The value (a __u8, 1) is not read. */
+struct local_addr {
+	__u8 addr[16]; /* network order, IPv4-mapped for IPv4 */
+};
+
 /* Per-CPU counters of one service or one backend. */
 struct lb_stats {
 	__u64 packets;
@@ -308,6 +323,10 @@ enum l4lb_reason {
 	L4LB_R_PASS_IPV6_EXT,        /* IPv6 extension headers the kernel refuses (hop-by-hop not first, an option past its header or one to discard, a routing header with segments left) or too long to check: passed */
 	L4LB_R_PASS_UDP_LENGTH,      /* UDP length shorter than the IP payload: passed */
 	L4LB_R_PASS_ICMP_CSUM,       /* ICMP error with a wrong checksum (or too long to check): passed */
+	L4LB_R_PASS_NOT_FOR_HOST,    /* Ethernet destination not this box (broadcast, multicast, another host's MAC): passed, the stack does not forward it */
+	L4LB_R_PASS_MARTIAN_SOURCE,  /* source no host or router accepts (0/8, 127/8, multicast, broadcast; ::, ::1, fe80::/10, ::ffff:0:0/96, ff00::/8): passed */
+	L4LB_R_PASS_LOCAL_SOURCE,    /* source is one of the box's own addresses (a VIP, a SNAT or interface address): passed */
+	L4LB_R_PASS_IPV6_AH,         /* IPv6 AH on a packet the service rewrites (SNAT, DSR opt), whose ICV the rewrite would break: passed */
 	L4LB_R_MAX,
 };
 

@@ -27,8 +27,11 @@
  *    (they need the box's policy, as CIPSO); headers longer than
  *    VALIDATE_EXT_MAX are not checked but passed;
  *  - a UDP length equal to the IP payload's;
- *  - a source address a host accepts: not 0/8, 127/8, multicast or the
- *    limited broadcast; not ::1 or ff00::/8;
+ *  - a source address a host accepts and a router forwards: not 0/8,
+ *    127/8, multicast or the limited broadcast; not ::, ::1, fe80::/10,
+ *    ::ffff:0:0/96 or ff00::/8 (pass_martian_source);
+ *  - a routing header not of type 2 (Mobile IPv6; see check_ipv6_ext);
+ *  - a frame addressed to the box (l2.h; checked in lb.c's validate);
  *  - a TTL / hop limit above 0: the opt dispatch keeps the client's, and
  *    a packet that arrived with 0 must not leave so (RFC 791, RFC 8200).
  * Trailing bytes after the IP packet (Ethernet padding) are allowed; every
@@ -83,10 +86,8 @@ static __always_inline int validate_fast(const struct hook *h, const struct pack
 		return L4LB_R_PASS_UDP_LENGTH;
 	if (checks & PKT_TTL0)
 		return L4LB_R_PASS_TTL_EXCEEDED;
-	/* Counted with malformed headers: the reasons map is sized by the
-	 * enum, and a new reason would change the pinned map's size. */
 	if (checks & PKT_MARTIAN)
-		return L4LB_R_PASS_MALFORMED_L3;
+		return L4LB_R_PASS_MARTIAN_SOURCE;
 	if (p->family == 4 && !(checks & PKT_IP_OPTS) && !ipv4_csum_ok(h, p->l3_off))
 		return L4LB_R_PASS_IP_CSUM;
 	*slow = checks & (PKT_IP_OPTS | PKT_IP6_EXT);
@@ -313,8 +314,11 @@ static __always_inline int check_ipv6_ext(const struct hook *h, const struct pac
 		next = w->buf.b[0];
 		hl = cur == IPPROTO_AH ? ((__u32)w->buf.b[1] + 2) * 4 : ((__u32)w->buf.b[1] + 1) * 8;
 		/* Segments left, or segment routing (4) / RPL (3), which
-		 * the kernel drops unless seg6 / RPL is enabled. */
-		if (cur == IPPROTO_ROUTING && (w->buf.b[3] != 0 || w->buf.b[2] == 3 || w->buf.b[2] == 4))
+		 * the kernel drops unless seg6 / RPL is enabled, or Mobile
+		 * IPv6's type 2, which a host discards unless it processed
+		 * the header itself (ipv6_rthdr_rcv): the backend would. */
+		if (cur == IPPROTO_ROUTING &&
+		    (w->buf.b[3] != 0 || w->buf.b[2] == 2 || w->buf.b[2] == 3 || w->buf.b[2] == 4))
 			return L4LB_R_PASS_IPV6_EXT;
 		if (cur == IPPROTO_HOPOPTS && i != 0)
 			return L4LB_R_PASS_IPV6_EXT;
@@ -334,6 +338,20 @@ static __always_inline int check_ipv6_ext(const struct hook *h, const struct pac
 		off += hl;
 	}
 	return -1;
+}
+
+/*
+ * Must p, which carries an IPv6 authentication header, stay out of a
+ * service in this mode and dispatch? AH's ICV covers the addresses and
+ * every header before it that does not change en route (RFC 4302 3.3.3):
+ * SNAT rewrites the addresses and ports, the opt dispatch the destination
+ * and a destination-options header of its own, and the backend would find
+ * the ICV broken. ipip and geneve carry the packet byte for byte, so it
+ * reaches the backend as the client signed it.
+ */
+static __always_inline int ah_refused(const struct packet *p, __u32 mode, __u32 dispatch)
+{
+	return (p->checks & PKT_IP6_AH) && (mode == L4LB_MODE_SNAT || dispatch == L4LB_DISPATCH_OPT);
 }
 
 /* The walks' state, one per CPU: on the stack it would not fit beside

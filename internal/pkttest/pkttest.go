@@ -116,7 +116,7 @@ func build(p Packet) ([]byte, error) {
 				if i+1 < len(p.IPv6Ext) {
 					next = p.IPv6Ext[i+1].Type
 				}
-				ls = append(ls, rawExt{next: next, body: e.Body})
+				ls = append(ls, rawExt{next: next, ah: e.Type == layers.IPProtocolAH, body: e.Body})
 			}
 		}
 	} else {
@@ -166,6 +166,9 @@ func build(p Packet) ([]byte, error) {
 // rawExt serializes one IPv6 extension header with a computed length.
 type rawExt struct {
 	next layers.IPProtocol
+	// ah: an authentication header, whose length counts 4-byte words
+	// less 2 (RFC 4302) rather than 8-byte words less 1.
+	ah   bool
 	body []byte
 }
 
@@ -179,6 +182,9 @@ func (r rawExt) SerializeTo(b gopacket.SerializeBuffer, _ gopacket.SerializeOpti
 	}
 	out[0] = byte(r.next)
 	out[1] = byte((n - 8) / 8)
+	if r.ah {
+		out[1] = byte(n/4 - 2)
+	}
 	copy(out[2:], r.body)
 	return nil
 }

@@ -198,17 +198,22 @@ func checkIPv4(frame []byte, l3, end int, m StrictMode, depth int) (*Strict, err
 	return s, nil
 }
 
-// martian says whether a receiver drops a packet from src whatever its
-// routes: IPv4 from 0/8, loopback, multicast or the limited broadcast
-// (ip_route_input_slow's martian sources), IPv6 from loopback or multicast
-// (ipv6_rcv, RFC 4291).
+// martian says whether a receiver drops, or a router refuses to forward, a
+// packet from src whatever its routes: IPv4 from 0/8, loopback, multicast
+// or the limited broadcast (ip_route_input_slow's martian sources), IPv6
+// from loopback or multicast (ipv6_rcv, RFC 4291), the unspecified
+// address, link-local (ip6_forward) or v4-mapped (RFC 4291 2.5.5.2).
 func martian(src netip.Addr) bool {
 	if src.Is4() {
 		a := src.As4()
 		return a[0] == 0 || src.IsLoopback() || src.IsMulticast() || a == [4]byte{255, 255, 255, 255}
 	}
-	return src.IsLoopback() || src.IsMulticast()
+	return src.IsLoopback() || src.IsMulticast() || src.IsUnspecified() || src.IsLinkLocalUnicast() || src.Is4In6()
 }
+
+// Martian is martian for tests that build clients: a source the datapath
+// refuses whatever its services.
+func Martian(src netip.Addr) bool { return martian(src) }
 
 // checkIPv4Options walks opts (the header bytes after the first 20) as
 // ip_options_compile does for a received packet, then refuses what
@@ -322,6 +327,10 @@ func checkIPv6(frame []byte, l3, end int, m StrictMode, depth int) (*Strict, err
 			if pos+8 > len(ip) {
 				return nil, bad("ipv6-header", "IPv6: AH at %d past the payload", pos)
 			}
+			// Its 12 fixed bytes at least (RFC 4302 2.2).
+			if ip[pos+1] < 1 {
+				return nil, bad("ipv6-ah-short", "IPv6: AH of %d bytes, shorter than its fixed 12", (int(ip[pos+1])+2)*4)
+			}
 			hl = (int(ip[pos+1]) + 2) * 4
 		default:
 			s := &Strict{L3: l3, Family: 6, IPLen: 40 + plen, L4: l3 + pos, Proto: next, TTL: ip[7], Trailing: len(b) - len(ip)}
@@ -350,6 +359,10 @@ func checkIPv6(frame []byte, l3, end int, m StrictMode, depth int) (*Strict, err
 			switch typ, left := h[2], h[3]; {
 			case typ == 3 || typ == 4:
 				return nil, bad("ipv6-routing-type", "IPv6: routing header type %d (RPL / segment routing, off by default)", typ)
+			case typ == 2:
+				// ipv6_rthdr_rcv discards a type 2 header it did not
+				// process itself (Mobile IPv6).
+				return nil, bad("ipv6-routing-type", "IPv6: routing header type 2 (Mobile IPv6)")
 			case left != 0:
 				return nil, bad("ipv6-routing", "IPv6: routing header with %d segments left", left)
 			}

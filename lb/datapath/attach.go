@@ -61,6 +61,10 @@ func (d *LB) AttachXDP(iface string, mode XDPMode) error {
 	if err := enableForwarding(iface); err != nil {
 		return err
 	}
+	// Before the program runs there: without its MAC it forwards nothing.
+	if err := d.LearnInterface(iface); err != nil {
+		return fmt.Errorf("attach to %s: %w", iface, err)
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 
@@ -124,6 +128,9 @@ func (d *LB) AttachTC(iface string) error {
 	if err := enableForwarding(iface); err != nil {
 		return err
 	}
+	if err := d.LearnInterface(iface); err != nil {
+		return fmt.Errorf("attach to %s: %w", iface, err)
+	}
 	return d.attachTCX("tc program", "tc:"+iface, d.tcLinkPin(iface), d.progTC, ebpf.AttachTCXIngress, iface, ifc.Index)
 }
 
@@ -183,7 +190,7 @@ func (d *LB) DetachHealth(iface string) error {
 
 // DetachTC removes the tc program from iface and forgets its pin.
 func (d *LB) DetachTC(iface string) error {
-	return d.detach("tc:"+iface, d.tcLinkPin(iface), iface)
+	return errors.Join(d.detach("tc:"+iface, d.tcLinkPin(iface), iface), d.forgetUnattached(iface))
 }
 
 func (d *LB) attachNew(iface string, index int, mode XDPMode) (link.Link, error) {
@@ -221,12 +228,26 @@ func (d *LB) attachNew(iface string, index int, mode XDPMode) (link.Link, error)
 
 // DetachXDP removes the program from iface and forgets its pin.
 func (d *LB) DetachXDP(iface string) error {
-	err := d.detach(iface, d.linkPin(iface), iface)
+	err := errors.Join(d.detach(iface, d.linkPin(iface), iface), d.forgetUnattached(iface))
 	if ifc, ierr := net.InterfaceByName(iface); ierr == nil {
 		idx := uint32(ifc.Index)
 		_ = d.txPorts.Delete(&idx)
 	}
 	return err
+}
+
+// forgetUnattached forgets what LearnInterface recorded for iface unless
+// an LB program still runs there (a switch from one hook to the other
+// attaches the new before it detaches the old).
+func (d *LB) forgetUnattached(iface string) error {
+	d.mu.Lock()
+	_, xdp := d.links[iface]
+	_, tc := d.links["tc:"+iface]
+	d.mu.Unlock()
+	if xdp || tc {
+		return nil
+	}
+	return d.box.forgetInterface(iface)
 }
 
 func (d *LB) detach(key, pin, iface string) error {

@@ -127,16 +127,19 @@ type LB struct {
 	progTC *ebpf.Program
 	progHC *ebpf.Program
 
-	services     *ebpf.Map
-	backends     *ebpf.Map
-	maglev       *ebpf.Map
-	conntrack    *ebpf.Map
-	snatFwd      *ebpf.Map
-	snatRev      *ebpf.Map
-	affinity     *ebpf.Map
-	srcRanges    *ebpf.Map
-	svcGen       *ebpf.Map
-	cache        *cacheGen // flow_cache_gen (flowcache.go)
+	services  *ebpf.Map
+	backends  *ebpf.Map
+	maglev    *ebpf.Map
+	conntrack *ebpf.Map
+	snatFwd   *ebpf.Map
+	snatRev   *ebpf.Map
+	affinity  *ebpf.Map
+	srcRanges *ebpf.Map
+	svcGen    *ebpf.Map
+	cache     *cacheGen // flow_cache_gen (flowcache.go)
+	// box is what the datapath knows of the box's MACs and addresses
+	// (local.go).
+	box          *boxAddrs
 	events       *ebpf.Map
 	svcStats     *ebpf.Map
 	backendStats *ebpf.Map
@@ -255,6 +258,7 @@ func Load(cfg Config) (*LB, error) {
 		coll.Close()
 		return nil, err
 	}
+	d.box = newBoxAddrs(coll.Maps[bpf.LbMapIngressMacs], coll.Maps[bpf.LbMapLocalAddrs], d.cache)
 	if d.swaps, err = newTableSwaps(coll.Maps[bpf.LbMapMaglevSwapped], restart); err != nil {
 		coll.Close()
 		return nil, err
@@ -278,7 +282,7 @@ func Load(cfg Config) (*LB, error) {
 		return nil, err
 	}
 	if d.nh, err = newNextHops(cfg.Log, cfg.Netns, cfg.KeepNeighbours, d.cache, coll.Maps[bpf.LbMapBackendRoutes],
-		coll.Maps[bpf.LbMapNexthops], cfg.MaxBackends); err != nil {
+		coll.Maps[bpf.LbMapNexthops], cfg.MaxBackends, d.box.macChanged); err != nil {
 		coll.Close()
 		return nil, err
 	}
@@ -474,9 +478,14 @@ func configure(spec *ebpf.CollectionSpec, cfg Config) error {
 		bpf.LbMapConntrack:     cfg.ConntrackMax,
 		bpf.LbMapHandshakes:    handshakeBuckets(cfg.ConntrackMax),
 		bpf.LbMapSrcRanges:     cfg.MaxSourceRanges,
+		// VIPs (at most one per service) and interface addresses.
+		bpf.LbMapLocalAddrs: cfg.MaxServices + 1024,
 	}
 	for name, n := range sizes {
-		spec.Maps[name].MaxEntries = n
+		// An object from before a map (Config.Object) lacks it.
+		if m, ok := spec.Maps[name]; ok {
+			m.MaxEntries = n
+		}
 	}
 	spec.Maps[bpf.LbMapCtFilter].InnerMap.MaxEntries = ctFilterWords(cfg.ConntrackMax)
 	return nil

@@ -240,6 +240,11 @@ func (e *env) load(t testing.TB, o envOptions, svcs []lb.Service) {
 		t.Fatalf("load datapath: %v", err)
 	}
 	t.Cleanup(func() { lbd.Close() })
+	// What attaching would learn: frames are forwarded only when
+	// addressed to lb0's MAC, and its addresses are the box's.
+	if err := lbd.LearnInterface("lb0"); err != nil {
+		t.Fatalf("learn lb0: %v", err)
+	}
 	rcfg := reconciler.Config{Seed: testSeed, MaxServices: 64, MaxBackends: e.config(o).MaxBackends}
 	st, err := lbd.State()
 	if err != nil {
@@ -373,6 +378,28 @@ func (e *env) runOn(t testing.TB, k hook, frame []byte) result {
 	})
 	if err != nil {
 		t.Fatalf("run tc program: %v", err)
+	}
+	return res
+}
+
+// runXDPOn runs the XDP program once on frame, as received on the
+// interface of e's namespace with index ifindex.
+func (e *env) runXDPOn(t testing.TB, ifindex int, frame []byte) result {
+	t.Helper()
+	var res result
+	err := e.ns.Do(func() error {
+		opts := &ebpf.RunOptions{
+			Data:    frame,
+			DataOut: make([]byte, len(frame)+256),
+			Context: xdpMD{DataEnd: uint32(len(frame)), IngressIfindex: uint32(ifindex)},
+			Repeat:  1,
+		}
+		v, err := e.lb.Program().Run(opts)
+		res = result{verdict: v, out: opts.DataOut}
+		return err
+	})
+	if err != nil {
+		t.Fatalf("run XDP program on ifindex %d: %v", ifindex, err)
 	}
 	return res
 }
@@ -540,14 +567,14 @@ func flowTo(fe lb.Frontend, client netip.Addr, sport uint16) maglev.Flow {
 	return maglev.Flow{Src: client, Dst: fe.Addr, SrcPort: sport, DstPort: fe.Port, Proto: uint8(fe.Proto)}
 }
 
-// martian reports a source no host accepts: 0/8, 127/8, 224/4 and above;
-// ::1 and ff00::/8.
+// martian reports a source the datapath refuses whatever its services
+// (pkttest.Martian): 0/8, 127/8, 224/4 and above; ::, ::1, fe80::/10,
+// ::ffff:0:0/96 and ff00::/8.
 func martian(a netip.Addr) bool {
 	if a.Is4() {
-		b := a.As4()[0]
-		return b == 0 || b == 127 || b >= 224
+		return a.As4()[0] >= 224 || pkttest.Martian(a)
 	}
-	return a.IsLoopback() || a.As16()[0] == 0xff
+	return pkttest.Martian(a)
 }
 
 // randomFlows returns n distinct flows to fe from random clients of fe's

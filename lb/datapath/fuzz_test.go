@@ -112,6 +112,10 @@ type fuzzEnv struct {
 	// router): what a frame the LB sends carries as source and destination.
 	lbMAC     []byte
 	neighMACs map[string]bool
+	// local are the box's own addresses (lb0's, the SNAT addresses, the
+	// VIPs), by their bytes as the IP header carries them: no packet
+	// from one may be forwarded.
+	local map[string]bool
 	// exits counts inputs by (hook, verdict class, reason), logged at the
 	// end: which of the datapath's exits the inputs reached.
 	exits map[string]int
@@ -188,6 +192,14 @@ func newFuzzEnv(t testing.TB) *fuzzEnv {
 		if r = strings.TrimSpace(r); r != "" {
 			fz.tolerate[r] = true
 		}
+	}
+	fz.local = map[string]bool{}
+	// lb0's addresses are the SNAT addresses.
+	for _, a := range []netip.Addr{lbAddr4, lbAddr6} {
+		fz.local[string(a.AsSlice())] = true
+	}
+	for _, s := range fz.svcs {
+		fz.local[string(s.Frontend.Addr.AsSlice())] = true
 	}
 	fz.e.reconcile(t, fz.svcs...)
 	fz.establish(t, true)
@@ -752,6 +764,15 @@ func (fz *fuzzEnv) checkForwarded(in []byte, inS *pkttest.Strict, inErr error, o
 	if inErr != nil {
 		strict("forwarded a frame a receiver refuses", inErr)
 	} else {
+		// ip_rcv_core / ip_forward: only frames to the box's MAC are
+		// routed (tc: PACKET_HOST; XDP: lb0's MAC, the one learnt).
+		if fz.lbMAC != nil && !bytes.Equal(in[0:6], fz.lbMAC) {
+			finding("not-for-host", "forwarded a frame to MAC %x, not lb0's %x", in[0:6], fz.lbMAC)
+		}
+		// fib_validate_source: the box's own address as a source.
+		if src := ipSource(in, inS); fz.local[string(src)] {
+			finding("local-source", "forwarded a packet from the box's own address %x", src)
+		}
 		if inS.VLANs > 0 {
 			fail("forwarded a frame with %d VLAN tags", inS.VLANs)
 		}
@@ -803,6 +824,9 @@ func (fz *fuzzEnv) checkForwarded(in []byte, inS *pkttest.Strict, inErr error, o
 			fail("the answer to a packet too big quotes something else:\n got %x\nwant a prefix of %x", quote, inIP)
 		case !bytes.Equal(ipSource(in, inS), ipDestination(out, outS)):
 			fail("the answer to a packet too big goes to %x, not to its source %x", ipDestination(out, outS), ipSource(in, inS))
+		case !unicastDest(ipDestination(out, outS)):
+			// RFC 4443 2.4(e), RFC 1812 4.3.2.7.
+			finding("icmp-to-non-unicast", "sent an ICMP answer to %x, not a unicast address", ipDestination(out, outS))
 		}
 	case outS.Inner != nil:
 		inner := outS.Inner
@@ -861,6 +885,20 @@ func ipDestination(frame []byte, s *pkttest.Strict) []byte {
 		return frame[s.L3+16 : s.L3+20]
 	}
 	return frame[s.L3+24 : s.L3+40]
+}
+
+// unicastDest says whether an ICMP message may be sent to addr (4 or 16
+// bytes): not the unspecified address, multicast or broadcast (0/8 and
+// 240/4 with them for IPv4, which no host owns).
+func unicastDest(addr []byte) bool {
+	a, ok := netip.AddrFromSlice(addr)
+	if !ok {
+		return false
+	}
+	if a.Is4() {
+		return a.As4()[0] != 0 && a.As4()[0] < 224
+	}
+	return !a.IsUnspecified() && !a.IsMulticast()
 }
 
 // layerSummary names the layers gopacket decodes in frame, for failure
@@ -1039,6 +1077,22 @@ func TestFuzzOracle(t *testing.T) {
 		}
 		return b
 	}
+	// Frames that are not the box's to forward.
+	otherHost := bytes.Clone(in)
+	copy(otherHost[0:6], []byte{0x02, 0, 0, 0, 0, 0x99})
+	broadcast := bytes.Clone(in)
+	copy(broadcast[0:6], []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff})
+	fromLocal := pkttest.Build(t, pkttest.Packet{Src: netip.AddrPortFrom(lbAddr4, 40000), Dst: netip.AddrPortFrom(vip4, 80), ACK: true, Payload: []byte("x")})
+	// A packet too big and the LB's answer to src, quoting it.
+	bigFrom := func(src netip.Addr) []byte {
+		return pkttest.Build(t, pkttest.Packet{Src: netip.AddrPortFrom(src, 40000), Dst: netip.AddrPortFrom(vip4, 80), ACK: true, DF: true, Payload: make([]byte, 1400)})
+	}
+	big := bigFrom(client4)
+	answer := func(to netip.Addr) []byte {
+		q := pkttest.IPPacket(t, bigFrom(to))[:548]
+		return pkttest.BuildICMPError(t, pkttest.ICMPError{SrcMAC: pkttest.LBMAC, DstMAC: routerMAC, Src: vip4, Dst: to,
+			Type: pkttest.ICMPv4DestUnreachable, Code: pkttest.ICMPv4FragNeeded, Info: 1380, TOS: 0xc0, DF: true, Quote: q})
+	}
 	badInner := bytes.Clone(ip)
 	badInner[len(badInner)-1] ^= 0xff
 	badOuter := tunnel(ip)
@@ -1074,6 +1128,36 @@ func TestFuzzOracle(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			fz := &fuzzEnv{tolerate: map[string]bool{}, tolerated: map[string]int{}, exits: map[string]int{},
 				reasonNames: []string{"pass_not_service", "pass_no_neigh", "drop_no_backend", "drop_no_route"}}
+			problems := fz.check(tt.k, tt.in, tt.r, tt.moved)
+			if got := len(problems) == 0; got != tt.ok {
+				t.Errorf("problems %q, want ok %v", problems, tt.ok)
+			}
+		})
+	}
+
+	// The rules of what is the box's to forward, with lb0's MAC and
+	// address known to the oracle (as newFuzzEnv sets them).
+	for _, tt := range []struct {
+		name  string
+		k     hook
+		in    []byte
+		r     result
+		moved map[string]uint64
+		ok    bool
+	}{
+		{"encapsulated a frame to lb0's MAC", hookXDP, in, result{xdpTX, tunnel(ip)}, nil, true},
+		{"forwarded a frame to another host's MAC", hookXDP, otherHost, result{xdpTX, tunnel(ip)}, nil, false},
+		{"forwarded a broadcast frame", hookTC, broadcast, result{tcActRedirect, tunnel(ip)}, nil, false},
+		{"forwarded a packet from a local address", hookXDP, fromLocal, result{xdpTX, tunnel(pkttest.IPPacket(t, fromLocal))}, nil, false},
+		{"answered a packet too big", hookXDP, big, result{xdpTX, answer(client4)}, map[string]uint64{"icmp_frag_needed_sent": 1}, true},
+		{"answered a packet too big from a class E source", hookXDP, bigFrom(netip.MustParseAddr("240.0.0.1")),
+			result{xdpTX, answer(netip.MustParseAddr("240.0.0.1"))}, map[string]uint64{"icmp_frag_needed_sent": 1}, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			fz := &fuzzEnv{tolerate: map[string]bool{}, tolerated: map[string]int{}, exits: map[string]int{},
+				reasonNames: []string{"icmp_frag_needed_sent"},
+				lbMAC:       pkttest.LBMAC, neighMACs: map[string]bool{string(routerMAC): true, string(pkttest.ClientMAC): true},
+				local: map[string]bool{string(lbAddr4.AsSlice()): true}}
 			problems := fz.check(tt.k, tt.in, tt.r, tt.moved)
 			if got := len(problems) == 0; got != tt.ok {
 				t.Errorf("problems %q, want ok %v", problems, tt.ok)

@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -84,6 +85,13 @@ func (e *env) setMTU(t testing.TB, mtu int) {
 // completing a partial checksum over the quote would write back unchanged.
 func (e *env) expectTooBig(t testing.TB, k hook, in []byte, r result, mtu int) {
 	t.Helper()
+	e.expectTooBigVia(t, k, in, r, mtu, routerMAC)
+}
+
+// expectTooBigVia is expectTooBig for an answer whose next hop is the
+// neighbour nextHop (a backend on lb0's subnet rather than the router).
+func (e *env) expectTooBigVia(t testing.TB, k hook, in []byte, r result, mtu int, nextHop net.HardwareAddr) {
+	t.Helper()
 	if r.verdict != k.tx() {
 		t.Fatalf("verdict %s, want %s (the answer sent back out); output:\n%s", k.verdictName(r.verdict), k.verdictName(k.tx()), pkttest.Decode(r.out).Dump())
 	}
@@ -113,7 +121,7 @@ func (e *env) expectTooBig(t testing.TB, k hook, in []byte, r result, mtu int) {
 		binary.BigEndian.PutUint16(quote[field:], v)
 	}
 	msg := pkttest.ICMPError{
-		SrcMAC: e.lbMAC, DstMAC: routerMAC,
+		SrcMAC: e.lbMAC, DstMAC: nextHop,
 		Src: f.Dst, Dst: f.Src,
 		Type: pkttest.ICMPv6PacketTooBig, Info: uint32(mtu),
 		Quote: quote,

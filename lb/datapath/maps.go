@@ -171,6 +171,12 @@ func (d *LB) SetService(id reconciler.ServiceID, svc lb.Service) error {
 		d.undoRanges(added)
 		return fmt.Errorf("service %s: %w", svc.Frontend, err)
 	}
+	// The VIP is one of the box's addresses before any packet can reach
+	// the service: no client may use it as its source.
+	if err := d.box.addFrontend(svc.Frontend.Addr, svc.Frontend.String()); err != nil {
+		d.undoRanges(added)
+		return fmt.Errorf("service %s: %w", svc.Frontend, err)
+	}
 	v.SvcWord = d.words.next(uint32(id), v.Mode, v.Dispatch)
 	k := svcKey(svc.Frontend)
 	if err := d.services.Update(&k, &v, ebpf.UpdateAny); err != nil {
@@ -214,6 +220,9 @@ func (d *LB) DeleteService(id reconciler.ServiceID, fe lb.Frontend) error {
 		return fmt.Errorf("service %s: %w", fe, err)
 	}
 	if err := d.filter.remove(fe); err != nil {
+		return fmt.Errorf("service %s: %w", fe, err)
+	}
+	if err := d.box.removeFrontend(fe.Addr, fe.String()); err != nil {
 		return fmt.Errorf("service %s: %w", fe, err)
 	}
 	d.ranges.mu.Lock()
@@ -620,6 +629,11 @@ func (d *LB) adoptServices() error {
 		}
 	}
 	d.words = words
+	for _, fe := range fes {
+		if err := d.box.addFrontend(fe.Addr, fe.String()); err != nil {
+			return fmt.Errorf("datapath: adopted service %s: %w", fe, err)
+		}
+	}
 	d.filter = newVIPFilter(d.coll.Maps[bpf.LbMapVipFilter], filterWords(d.cfg.MaxServices)-1)
 	if err := d.filter.rebuild(fes); err != nil {
 		return fmt.Errorf("datapath: %w", err)

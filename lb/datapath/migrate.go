@@ -23,8 +23,10 @@ import (
 // programs, for what the old program added in between. An entry already in
 // the new map is never overwritten: the new program's is the newer.
 type layoutVersion struct {
-	// pin is the name the map is pinned under now; old the name before.
-	pin, old string
+	// pin is the name the map is pinned under now; olds the names it had
+	// before, any of which an earlier l4lbd may have left.
+	pin  string
+	olds []string
 	// convert turns an old value into the new layout (nil: the same
 	// bytes); for a layout that only gained fields or changed map flags.
 	convert func(old []byte) []byte
@@ -40,12 +42,13 @@ var renamed = map[string]layoutVersion{
 	// Shared LRUs now, not per-CPU lists; values unchanged (ct_value's
 	// svc_word was a pad that version 1 kept 0, which never matches a
 	// word: such entries take the full path once).
-	bpf.LbMapConntrack: {pin: "conntrack_v2", old: "conntrack"},
-	bpf.LbMapSnatFwd:   {pin: "snat_fwd_v2", old: "snat_fwd"},
-	bpf.LbMapSnatRev:   {pin: "snat_rev_v2", old: "snat_rev"},
-	// The enum of reasons grew (the validation of what is forwarded),
-	// and the map is sized by it.
-	bpf.LbMapReasons: {pin: "reasons_v2", old: "reasons", counters: true},
+	bpf.LbMapConntrack: {pin: "conntrack_v2", olds: []string{"conntrack"}},
+	bpf.LbMapSnatFwd:   {pin: "snat_fwd_v2", olds: []string{"snat_fwd"}},
+	bpf.LbMapSnatRev:   {pin: "snat_rev_v2", olds: []string{"snat_rev"}},
+	// The enum of reasons grew, and the map is sized by it: v2 with the
+	// validation of what is forwarded, v3 with the refusals of frames not
+	// for the box, martian and local sources, and AH.
+	bpf.LbMapReasons: {pin: "reasons_v3", olds: []string{"reasons_v2", "reasons"}, counters: true},
 }
 
 // pinRenamed sets the pin names of renamed maps on spec.
@@ -58,6 +61,7 @@ func pinRenamed(spec *ebpf.CollectionSpec) {
 // legacyMap is a map an earlier l4lbd pinned under an old name.
 type legacyMap struct {
 	name string // C variable name of its successor
+	old  string // the name it is pinned under
 	path string
 	m    *ebpf.Map
 	lv   layoutVersion
@@ -70,22 +74,24 @@ func (d *LB) migrate() error {
 		return nil
 	}
 	for name, lv := range renamed {
-		path := filepath.Join(d.cfg.PinPath, lv.old)
-		if _, err := os.Stat(path); err != nil {
-			continue
+		for _, old := range lv.olds {
+			path := filepath.Join(d.cfg.PinPath, old)
+			if _, err := os.Stat(path); err != nil {
+				continue
+			}
+			m, err := ebpf.LoadPinnedMap(path, nil)
+			if err != nil {
+				return fmt.Errorf("datapath: open the map an earlier l4lbd pinned at %s: %w", path, err)
+			}
+			l := legacyMap{name: name, old: old, path: path, m: m, lv: lv}
+			n, err := d.moveEntries(l)
+			if err != nil {
+				m.Close()
+				return err
+			}
+			d.log.Info("moving a map to its new layout", "map", old, "to", lv.pin, "entries", n)
+			d.legacy = append(d.legacy, l)
 		}
-		m, err := ebpf.LoadPinnedMap(path, nil)
-		if err != nil {
-			return fmt.Errorf("datapath: open the map an earlier l4lbd pinned at %s: %w", path, err)
-		}
-		l := legacyMap{name: name, path: path, m: m, lv: lv}
-		n, err := d.moveEntries(l)
-		if err != nil {
-			m.Close()
-			return err
-		}
-		d.log.Info("moving a map to its new layout", "map", lv.old, "to", lv.pin, "entries", n)
-		d.legacy = append(d.legacy, l)
 	}
 	return nil
 }
@@ -106,7 +112,7 @@ func (d *LB) moveEntries(l legacyMap) (int, error) {
 			v = l.lv.convert(val)
 		}
 		if err := dst.Update(key, v, ebpf.UpdateNoExist); err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
-			return n, fmt.Errorf("datapath: move an entry of %s into %s: %w", l.lv.old, l.lv.pin, err)
+			return n, fmt.Errorf("datapath: move an entry of %s into %s: %w", l.old, l.lv.pin, err)
 		}
 		n++
 	}
@@ -157,7 +163,7 @@ func (d *LB) Retire() error {
 			continue
 		}
 		l.m.Close()
-		d.log.Info("moved a map to its new layout", "map", l.lv.old, "to", l.lv.pin, "late_entries", n)
+		d.log.Info("moved a map to its new layout", "map", l.old, "to", l.lv.pin, "late_entries", n)
 	}
 	d.legacy = nil
 	// Only this version's programs write the connection table now, and

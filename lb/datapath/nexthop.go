@@ -54,8 +54,11 @@ const nhPaths = 8
 // One neighbour change rewrites one nexthops entry; one route change
 // rewrites the backend_routes entries of the backends it covers.
 type nextHops struct {
-	log    *slog.Logger
-	cache  *cacheGen // bumped after every write (flowcache.go)
+	log   *slog.Logger
+	cache *cacheGen // bumped after every write (flowcache.go)
+	// onMAC is told of a link's new MAC (the datapath's ingress MACs,
+	// local.go).
+	onMAC  func(index int, mac net.HardwareAddr)
 	nl     *netlink.Handle
 	ns     netns.NsHandle
 	keep   bool
@@ -103,8 +106,9 @@ type linkInfo struct {
 	up  bool
 }
 
-func newNextHops(log *slog.Logger, ns *netns.NsHandle, keep bool, cache *cacheGen, routes, hops *ebpf.Map, maxID uint32) (*nextHops, error) {
-	n := &nextHops{log: log, keep: keep, cache: cache, routes: routes, hops: hops, maxID: maxID, ns: netns.None(),
+func newNextHops(log *slog.Logger, ns *netns.NsHandle, keep bool, cache *cacheGen, routes, hops *ebpf.Map, maxID uint32,
+	onMAC func(index int, mac net.HardwareAddr)) (*nextHops, error) {
+	n := &nextHops{log: log, keep: keep, cache: cache, routes: routes, hops: hops, maxID: maxID, ns: netns.None(), onMAC: onMAC,
 		backends: map[uint32]netip.Addr{}, addrs: map[netip.Addr]*addrRoute{}, byKey: map[hopKey]*hop{},
 		links: map[int]linkInfo{}, next: 1}
 	var err error
@@ -528,6 +532,9 @@ func (n *nextHops) linkChanged(u netlink.LinkUpdate) {
 	n.links[a.Index] = cur
 	if known && old.up == cur.up && old.mtu == cur.mtu && slices.Equal(old.mac, cur.mac) {
 		return
+	}
+	if n.onMAC != nil && (!known || !slices.Equal(old.mac, cur.mac)) {
+		n.onMAC(a.Index, cur.mac)
 	}
 	for k, h := range n.byKey {
 		if k.link != a.Index || h.refs == 0 {

@@ -315,3 +315,49 @@ func TestMigrateOldLayouts(t *testing.T) {
 		t.Errorf("connection table after the restart: %d entries (%v), want 101", n, err)
 	}
 }
+
+// TestMigrateReasonsV2 loads the datapath over the reason counters of the
+// version before the refusals of frames not for the box, martian and local
+// sources and AH (30 reasons, pinned as reasons_v2): they are carried
+// into reasons_v3, the old map unpinned once Retire runs.
+func TestMigrateReasonsV2(t *testing.T) {
+	testnet.RequireRoot(t)
+	dir := pinDir(t, "migrate-reasons")
+	cpus, err := ebpf.PossibleCPU()
+	if err != nil {
+		t.Fatal(err)
+	}
+	old, err := ebpf.NewMapWithOptions(&ebpf.MapSpec{Name: "reasons_v2", Type: ebpf.PerCPUArray, KeySize: 4,
+		ValueSize: uint32(binary.Size(bpf.LbReasonStats{})), MaxEntries: 30, Pinning: ebpf.PinByName},
+		ebpf.MapOptions{PinPath: dir})
+	if err != nil {
+		t.Fatalf("create the old reasons_v2: %v", err)
+	}
+	t.Cleanup(func() { old.Close() })
+	icmpCsum := uint32(29) // L4LB_R_PASS_ICMP_CSUM, the last reason of that version
+	perCPU := make([]bpf.LbReasonStats, cpus)
+	perCPU[0] = bpf.LbReasonStats{Packets: 7, Bytes: 700}
+	if err := old.Put(&icmpCsum, perCPU); err != nil {
+		t.Fatal(err)
+	}
+	d, err := datapath.Load(datapath.Config{PinPath: dir, Seed: testSeed, MaxServices: 16, MaxBackends: 64, ConntrackMax: 4096,
+		Log: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatalf("load over reasons_v2: %v", err)
+	}
+	defer d.Close()
+	r, err := d.Reasons()
+	if err != nil || r["pass_icmp_csum"].Packets != 7 || r["pass_not_for_host"].Packets != 0 {
+		t.Errorf("reasons after the load: pass_icmp_csum %+v, pass_not_for_host %+v (%v), want the old 7 packets and 0",
+			r["pass_icmp_csum"], r["pass_not_for_host"], err)
+	}
+	if err := d.Retire(); err != nil {
+		t.Fatalf("retire the old maps: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "reasons_v2")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("reasons_v2 still pinned after Retire (%v)", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "reasons_v3")); err != nil {
+		t.Errorf("reasons_v3 not pinned: %v", err)
+	}
+}

@@ -57,6 +57,9 @@ var (
 		bpf.LbMapSnatOvfSeen:     {size(uint32(0)), size(uint64(0))},
 		bpf.LbMapCtFilter:        {size(uint32(0)), size(uint32(0))}, // value: an inner map of uint64 words
 		bpf.LbMapMaglevSwapped:   {size(uint32(0)), size(uint64(0))},
+		bpf.LbMapIngressMacs:     {size(uint32(0)), size(bpf.LbIngressMac{})},
+		bpf.LbMapIngressCache:    {size(uint32(0)), size(bpf.LbIngressCopy{})},
+		bpf.LbMapLocalAddrs:      {size(bpf.LbLocalAddr{}), size(uint8(0))},
 	}
 	// One Maglev chunk: maglevChunk backend ids.
 	maglevInnerLayout = mapLayout{size(uint32(0)), datapath.MaglevChunk * size(uint32(0))}

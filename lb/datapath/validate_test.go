@@ -132,18 +132,21 @@ func TestValidate(t *testing.T) {
 			pkttest.Ext{Type: dst, Body: []byte{1, 2, 0, 0, 0x1e, 2, 0, 0, 1, 4, 0, 0, 0, 0}})},
 		{name: "destination options of an experimental option and a PadN", frame: e.v6ext(t,
 			pkttest.Ext{Type: dst, Body: pkttest.PadN(2)})},
+		{name: "Mobile IPv6 routing header (type 2), none left", reason: "pass_ipv6_ext",
+			frame: e.v6ext(t, pkttest.Ext{Type: rt, Body: append([]byte{2, 0, 0, 0, 0, 0}, netip.MustParseAddr("2001:db8::99").AsSlice()...)})},
 		{name: "timestamp full, overflow 15", reason: "pass_ip_options", frame: e.v4opts(t, 0x44, 8, 9, 0xf0, 1, 2, 3, 4)},
 		{name: "timestamp full, overflow 14", frame: e.v4opts(t, 0x44, 8, 9, 0xe0, 1, 2, 3, 4)},
 	}
-	// Sources no host accepts.
-	for _, src := range []string{"0.1.8.0", "127.0.0.1", "224.0.0.1", "255.255.255.255", "::1", "ff02::1", "ff00:db8:1::7"} {
+	// Sources no host accepts, or no router forwards.
+	for _, src := range []string{"0.1.8.0", "127.0.0.1", "224.0.0.1", "255.255.255.255", "::1", "ff02::1", "ff00:db8:1::7",
+		"::", "fe80::1", "febf:ffff::1", "::ffff:10.9.8.7"} {
 		a := netip.MustParseAddr(src)
 		fam := families[0]
 		if a.Is6() {
 			fam = families[1]
 		}
 		good := e.frame(t, vipPacket(fam, layers.IPProtocolTCP))
-		tests = append(tests, malformedCase{name: "source " + src, reason: "pass_malformed_l3",
+		tests = append(tests, malformedCase{name: "source " + src, reason: "pass_martian_source",
 			frame: patch(t, good, func(b []byte, l pkttest.Layout) {
 				if l.Family == 4 {
 					copy(b[l.L3+12:], a.AsSlice())

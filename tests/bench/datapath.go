@@ -110,6 +110,11 @@ func newRig(t *testnet.Script, obj []byte, snatMax uint32) *rig {
 		t.Fatalf("load datapath: %v", err)
 	}
 	t.Cleanup(func() { d.Close() })
+	// What attaching would learn (lb0's MAC and addresses): the
+	// datapath forwards only frames to its interface's MAC.
+	if err := d.LearnInterface("lb0"); err != nil {
+		t.Fatalf("learn lb0: %v", err)
+	}
 	rec := reconciler.New(reconciler.Config{Seed: benchSeed, MaxServices: maxServices, MaxBackends: maxServices * 3}, d, nil)
 	l := ns.Link(t, "lb0")
 	return &rig{ns: ns, lb: d, rec: rec, ifindex: uint32(l.Attrs().Index), mac: l.Attrs().HardwareAddr}
