@@ -113,7 +113,9 @@ func ownedNames() (map[string]bool, error) {
 		}
 	}
 	for _, lv := range renamed {
-		names[lv.old] = true
+		for _, old := range lv.olds {
+			names[old] = true
+		}
 	}
 	return names, nil
 }
