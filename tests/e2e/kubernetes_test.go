@@ -440,7 +440,10 @@ func TestKubernetes(t *testing.T) {
 	})
 
 	t.Run("ApiserverOutage", func(t *testing.T) {
-		held, err := tp.Client.DialTCP(42000, dst)
+		// A fixed port above the kernel's ephemeral range (ending at
+		// 60999 by default), which the earlier connections of this test
+		// may hold or keep in TIME_WAIT.
+		held, err := tp.Client.DialTCP(61200, dst)
 		if err != nil {
 			t.Fatal(err)
 		}
