@@ -12,7 +12,6 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
-	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
 )
 
@@ -381,15 +380,7 @@ func xdpModeName(mode uint32) string {
 // interface's XDP program and attach mode (netlink link info), and its tcx
 // ingress programs.
 func (d *LB) Attached(iface string) (Attachment, error) {
-	var (
-		h   *netlink.Handle
-		err error
-	)
-	if d.cfg.Netns != nil {
-		h, err = netlink.NewHandleAt(*d.cfg.Netns)
-	} else {
-		h, err = netlink.NewHandle()
-	}
+	h, err := netlinkIn(d.cfg.Netns)
 	if err != nil {
 		return Attachment{}, fmt.Errorf("netlink handle: %w", err)
 	}

@@ -210,15 +210,7 @@ func (b *boxAddrs) forgetInterface(name string) error {
 // from netlink, new addresses are learnt by calling it again. Call it
 // directly to run the programs without attaching them (tests, benchmarks).
 func (d *LB) LearnInterface(iface string) error {
-	var (
-		h   *netlink.Handle
-		err error
-	)
-	if d.cfg.Netns != nil {
-		h, err = netlink.NewHandleAt(*d.cfg.Netns)
-	} else {
-		h, err = netlink.NewHandle()
-	}
+	h, err := netlinkIn(d.cfg.Netns)
 	if err != nil {
 		return fmt.Errorf("datapath: netlink handle to read %s: %w", iface, err)
 	}

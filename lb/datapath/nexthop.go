@@ -111,13 +111,11 @@ func newNextHops(log *slog.Logger, ns *netns.NsHandle, keep bool, cache *cacheGe
 	n := &nextHops{log: log, keep: keep, cache: cache, routes: routes, hops: hops, maxID: maxID, ns: netns.None(), onMAC: onMAC,
 		backends: map[uint32]netip.Addr{}, addrs: map[netip.Addr]*addrRoute{}, byKey: map[hopKey]*hop{},
 		links: map[int]linkInfo{}, next: 1}
-	var err error
 	if ns != nil {
 		n.ns = *ns
-		n.nl, err = netlink.NewHandleAt(*ns)
-	} else {
-		n.nl, err = netlink.NewHandle()
 	}
+	var err error
+	n.nl, err = netlinkIn(ns)
 	if err != nil {
 		return nil, fmt.Errorf("datapath: netlink handle for the next-hop cache: %w", err)
 	}
@@ -748,4 +746,13 @@ func managedNeigh(k hopKey) *netlink.Neigh {
 		FlagsExt:  netlink.NTF_EXT_MANAGED,
 		IP:        net.IP(k.ip.AsSlice()),
 	}
+}
+
+// netlinkIn opens a netlink handle in ns, or in the current namespace when
+// ns is nil (Config.Netns).
+func netlinkIn(ns *netns.NsHandle) (*netlink.Handle, error) {
+	if ns != nil {
+		return netlink.NewHandleAt(*ns)
+	}
+	return netlink.NewHandle()
 }
