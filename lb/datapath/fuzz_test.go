@@ -1097,14 +1097,26 @@ func TestFuzzOracle(t *testing.T) {
 	badInner[len(badInner)-1] ^= 0xff
 	badOuter := tunnel(ip)
 	badOuter[14+10] ^= 1
-	tests := []struct {
+	type oracleCase struct {
 		name  string
 		k     hook
 		in    []byte
 		r     result
 		moved map[string]uint64
 		ok    bool
-	}{
+	}
+	// run checks each case with an oracle from env.
+	run := func(cases []oracleCase, env func() *fuzzEnv) {
+		for _, tt := range cases {
+			t.Run(tt.name, func(t *testing.T) {
+				problems := env().check(tt.k, tt.in, tt.r, tt.moved)
+				if got := len(problems) == 0; got != tt.ok {
+					t.Errorf("problems %q, want ok %v", problems, tt.ok)
+				}
+			})
+		}
+	}
+	run([]oracleCase{
 		{"encapsulated", hookXDP, in, result{xdpTX, tunnel(ip)}, nil, true},
 		{"encapsulated at tc", hookTC, in, result{tcActRedirect, tunnel(ip)}, nil, true},
 		{"rewritten", hookXDP, in, result{xdpTX, rewrite(true)}, nil, true},
@@ -1123,28 +1135,14 @@ func TestFuzzOracle(t *testing.T) {
 		{"dropped with two reasons", hookXDP, in, result{xdpDrop, nil}, map[string]uint64{"drop_no_backend": 1, "drop_no_route": 1}, false},
 		{"a reason counted twice", hookXDP, in, result{xdpDrop, nil}, map[string]uint64{"drop_no_backend": 2}, false},
 		{"handed to the stack malformed", hookXDP, in, result{xdpPass, badOuter}, map[string]uint64{"pass_no_neigh": 1}, false},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			fz := &fuzzEnv{tolerate: map[string]bool{}, tolerated: map[string]int{}, exits: map[string]int{},
-				reasonNames: []string{"pass_not_service", "pass_no_neigh", "drop_no_backend", "drop_no_route"}}
-			problems := fz.check(tt.k, tt.in, tt.r, tt.moved)
-			if got := len(problems) == 0; got != tt.ok {
-				t.Errorf("problems %q, want ok %v", problems, tt.ok)
-			}
-		})
-	}
+	}, func() *fuzzEnv {
+		return &fuzzEnv{tolerate: map[string]bool{}, tolerated: map[string]int{}, exits: map[string]int{},
+			reasonNames: []string{"pass_not_service", "pass_no_neigh", "drop_no_backend", "drop_no_route"}}
+	})
 
 	// The rules of what is the box's to forward, with lb0's MAC and
 	// address known to the oracle (as newFuzzEnv sets them).
-	for _, tt := range []struct {
-		name  string
-		k     hook
-		in    []byte
-		r     result
-		moved map[string]uint64
-		ok    bool
-	}{
+	run([]oracleCase{
 		{"encapsulated a frame to lb0's MAC", hookXDP, in, result{xdpTX, tunnel(ip)}, nil, true},
 		{"forwarded a frame to another host's MAC", hookXDP, otherHost, result{xdpTX, tunnel(ip)}, nil, false},
 		{"forwarded a broadcast frame", hookTC, broadcast, result{tcActRedirect, tunnel(ip)}, nil, false},
@@ -1152,18 +1150,12 @@ func TestFuzzOracle(t *testing.T) {
 		{"answered a packet too big", hookXDP, big, result{xdpTX, answer(client4)}, map[string]uint64{"icmp_frag_needed_sent": 1}, true},
 		{"answered a packet too big from a class E source", hookXDP, bigFrom(netip.MustParseAddr("240.0.0.1")),
 			result{xdpTX, answer(netip.MustParseAddr("240.0.0.1"))}, map[string]uint64{"icmp_frag_needed_sent": 1}, false},
-	} {
-		t.Run(tt.name, func(t *testing.T) {
-			fz := &fuzzEnv{tolerate: map[string]bool{}, tolerated: map[string]int{}, exits: map[string]int{},
-				reasonNames: []string{"icmp_frag_needed_sent"},
-				lbMAC:       pkttest.LBMAC, neighMACs: map[string]bool{string(routerMAC): true, string(pkttest.ClientMAC): true},
-				local: map[string]bool{string(lbAddr4.AsSlice()): true}}
-			problems := fz.check(tt.k, tt.in, tt.r, tt.moved)
-			if got := len(problems) == 0; got != tt.ok {
-				t.Errorf("problems %q, want ok %v", problems, tt.ok)
-			}
-		})
-	}
+	}, func() *fuzzEnv {
+		return &fuzzEnv{tolerate: map[string]bool{}, tolerated: map[string]int{}, exits: map[string]int{},
+			reasonNames: []string{"icmp_frag_needed_sent"},
+			lbMAC:       pkttest.LBMAC, neighMACs: map[string]bool{string(routerMAC): true, string(pkttest.ClientMAC): true},
+			local: map[string]bool{string(lbAddr4.AsSlice()): true}}
+	})
 
 	// A tolerated rule is counted, not reported.
 	fz := &fuzzEnv{tolerate: map[string]bool{"ipv4-header": true}, tolerated: map[string]int{}, exits: map[string]int{}}

@@ -326,9 +326,7 @@ func TestICMPTooBigSNAT(t *testing.T) {
 				reply := func(l3 int) []byte {
 					p := replyPacket(be, snat, lb.TCP, false, false)
 					p.DF = true
-					hdrs := len(pkttest.IPPacket(t, e.frame(t, p))) - len(p.Payload)
-					p.Payload = make([]byte, l3-hdrs)
-					return e.frame(t, p)
+					return e.padded(t, p, l3)
 				}
 				before = e.reasons(t)
 				if r := e.runOn(t, k, reply(tooBigMTU)); r.verdict != k.tx() {
@@ -343,10 +341,8 @@ func TestICMPTooBigSNAT(t *testing.T) {
 				if fam.vip.Is4() {
 					p := kindPacket(f, pktKinds[1])
 					p.DF = false
-					hdrs := len(pkttest.IPPacket(t, e.frame(t, p))) - len(p.Payload)
-					p.Payload = make([]byte, tooBigMTU+1-hdrs)
 					before = e.reasons(t)
-					if r := e.runOn(t, k, e.frame(t, p)); r.verdict != k.drop() {
+					if r := e.runOn(t, k, e.padded(t, p, tooBigMTU+1)); r.verdict != k.drop() {
 						t.Errorf("IPv4 without DF: verdict %s, want %s", k.verdictName(r.verdict), k.verdictName(k.drop()))
 					}
 					e.expectReasons(t, before, map[string]uint64{"drop_frag_needed": 1})

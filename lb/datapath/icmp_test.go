@@ -54,7 +54,13 @@ func dispatchBackendPorts(d lb.Dispatch) (tcp, udp uint16) {
 // exactly l3 bytes.
 func (e *env) sizedPacket(t testing.TB, f maglev.Flow, kind pktKind, l3 int) []byte {
 	t.Helper()
-	p := kindPacket(f, kind)
+	return e.padded(t, kindPacket(f, kind), l3)
+}
+
+// padded is the frame of p with its payload grown or cut so that its IP
+// packet is l3 bytes long.
+func (e *env) padded(t testing.TB, p pkttest.Packet, l3 int) []byte {
+	t.Helper()
 	hdrs := len(pkttest.IPPacket(t, e.frame(t, p))) - len(p.Payload)
 	p.Payload = make([]byte, l3-hdrs)
 	for i := range p.Payload {
