@@ -190,19 +190,9 @@ func measureKubernetes(tp *topo.Topology, h *topo.Host, bin string, n int, o opt
 	want := func() []netip.AddrPort { return k8sBackends(svc, b, k.changes-1) }
 	t0 := time.Now()
 	d := h.StartL4LBD(bin, k8sConfig(n, b, o.tableSize, k.kubeconfig))
-	dp, err := openDatapath(d.PinDir)
-	if err != nil {
-		t.Fatalf("%v", err)
-	}
+	dp := mustOpenDatapath(t, d)
 	defer dp.Close()
-	for _, s := range []struct {
-		svc  int
-		want []netip.AddrPort
-	}{{n - 1, k8sBackends(n-1, b, -1)}, {svc, want()}} {
-		if _, err := dp.waitTable(serviceVIP(s.svc), servicePort, s.want, 10*time.Minute); err != nil {
-			t.Fatalf("kubernetes: %v\n%s", err, d.Log())
-		}
-	}
+	waitReady(t, "kubernetes", d, dp, readyService{n - 1, k8sBackends(n-1, b, -1)}, readyService{svc, want()})
 	start := time.Since(t0)
 	pid := d.Pid()
 	settle := waitIdle(pid, 10*time.Minute)
@@ -226,12 +216,7 @@ func measureKubernetes(tp *topo.Topology, h *topo.Host, bin string, n int, o opt
 	})
 	tm.note = fmt.Sprintf("write-back settled %s after", settle.Round(100*time.Millisecond))
 	tm.start, tm.rss = start, mem
-	if err := d.Stop(); err != nil {
-		t.Fatalf("stop l4lbd: %v", err)
-	}
-	if out, err := runCmd(bin, "--config", d.Config, "--cleanup"); err != nil {
-		t.Fatalf("l4lbd --cleanup: %v\n%s", err, out)
-	}
+	stopAndClean(t, bin, d)
 	return tm
 }
 

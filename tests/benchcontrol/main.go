@@ -318,10 +318,7 @@ func measureFile(tp *topo.Topology, h *topo.Host, bin string, n int, o opts, hb 
 	start := time.Since(t0)
 	pid := d.Pid()
 	mem := rss(pid)
-	dp, err := openDatapath(d.PinDir)
-	if err != nil {
-		t.Fatalf("%v", err)
-	}
+	dp := mustOpenDatapath(t, d)
 	defer dp.Close()
 	ctx := context.Background()
 	wait := func(what string, i int, svc int, want []netip.AddrPort) time.Time {
@@ -400,12 +397,7 @@ func measureFile(tp *topo.Topology, h *topo.Host, bin string, n int, o opts, hb 
 		tm.start, tm.rss = start, mem
 		out[pathHealth] = tm
 	}
-	if err := d.Stop(); err != nil {
-		t.Fatalf("stop l4lbd: %v", err)
-	}
-	if out, err := runCmd(bin, "--config", d.Config, "--cleanup"); err != nil {
-		t.Fatalf("l4lbd --cleanup: %v\n%s", err, out)
-	}
+	stopAndClean(t, bin, d)
 }
 
 // consulPace separates consul changes so that each finds a token in the
@@ -426,20 +418,9 @@ func measureConsul(tp *topo.Topology, h *topo.Host, bin string, n int, o opts, a
 	}
 	t0 := time.Now()
 	d := h.StartL4LBD(bin, configHead(n, b, o.tableSize)+fmt.Sprintf("\n[discovery.consul]\naddress = %q\n", consulAddr))
-	dp, err := openDatapath(d.PinDir)
-	if err != nil {
-		t.Fatalf("%v", err)
-	}
+	dp := mustOpenDatapath(t, d)
 	defer dp.Close()
-	// Up once the last service and the one that changes are programmed.
-	for _, s := range []struct {
-		svc  int
-		want []netip.AddrPort
-	}{{n - 1, serviceBackends(n-1, b)}, {svc, want()}} {
-		if _, err := dp.waitTable(serviceVIP(s.svc), servicePort, s.want, 10*time.Minute); err != nil {
-			t.Fatalf("consul: %v\n%s", err, d.Log())
-		}
-	}
+	waitReady(t, "consul", d, dp, readyService{n - 1, serviceBackends(n-1, b)}, readyService{svc, want()})
 	start := time.Since(t0)
 	pid := d.Pid()
 	mem := rss(pid)
@@ -459,12 +440,7 @@ func measureConsul(tp *topo.Topology, h *topo.Host, bin string, n int, o opts, a
 	})
 	tm.note = fmt.Sprintf("%s paces changes", consulPace)
 	tm.start, tm.rss = start, mem
-	if err := d.Stop(); err != nil {
-		t.Fatalf("stop l4lbd: %v", err)
-	}
-	if out, err := runCmd(bin, "--config", d.Config, "--cleanup"); err != nil {
-		t.Fatalf("l4lbd --cleanup: %v\n%s", err, out)
-	}
+	stopAndClean(t, bin, d)
 	return tm
 }
 
@@ -529,4 +505,42 @@ max_backends  = %d
 hash_seed  = "d3e0d3e0d3e0d3e0d3e0d3e0d3e0d3e0"
 table_size = %d
 `, n+16, n*b+64, tableSize)
+}
+
+// mustOpenDatapath opens d's pinned maps for reading, or ends the run.
+func mustOpenDatapath(t testnet.TB, d *topo.L4LBD) *dpReader {
+	dp, err := openDatapath(d.PinDir)
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	return dp
+}
+
+// readyService is a service and the backends its table names once a
+// source has published everything.
+type readyService struct {
+	svc  int
+	want []netip.AddrPort
+}
+
+// waitReady waits until every service of ready is programmed with its
+// backends (for a source: the last service and the one that changes), or
+// ends the run naming path.
+func waitReady(t testnet.TB, path string, d *topo.L4LBD, dp *dpReader, ready ...readyService) {
+	for _, s := range ready {
+		if _, err := dp.waitTable(serviceVIP(s.svc), servicePort, s.want, 10*time.Minute); err != nil {
+			t.Fatalf("%s: %v\n%s", path, err, d.Log())
+		}
+	}
+}
+
+// stopAndClean stops d and removes what it left (l4lbd --cleanup), or
+// ends the run.
+func stopAndClean(t testnet.TB, bin string, d *topo.L4LBD) {
+	if err := d.Stop(); err != nil {
+		t.Fatalf("stop l4lbd: %v", err)
+	}
+	if out, err := runCmd(bin, "--config", d.Config, "--cleanup"); err != nil {
+		t.Fatalf("l4lbd --cleanup: %v\n%s", err, out)
+	}
 }
