@@ -147,7 +147,10 @@ func (m *Merger) Update(s Snapshot) {
 		oldAt[svc.Name] = i
 	}
 	svcs := make([]lb.Service, len(s.Services))
-	var changed []string
+	var (
+		changed []string
+		at      []int // svcs[at[k]] is changed[k]
+	)
 	structural := len(s.Services) != len(old.Services)
 	for i, svc := range s.Services {
 		if svc.Source == "" {
@@ -163,6 +166,7 @@ func (m *Merger) Update(s Snapshot) {
 		}
 		svcs[i] = svc.Clone()
 		changed = append(changed, svc.Name)
+		at = append(at, i)
 	}
 	m.snapshots[s.Source] = Snapshot{Source: s.Source, Services: svcs}
 	names := make(map[string]lb.Frontend, len(svcs))
@@ -177,13 +181,13 @@ func (m *Merger) Update(s Snapshot) {
 	// Every name and frontend stays where it was and nothing collides,
 	// so the claims hold: the merge changes in these services only.
 	merged := m.merged
-	for _, name := range changed {
+	for j, name := range changed {
 		k, ok := m.byName[name]
 		if !ok || merged.At(k).Source != s.Source {
 			m.fresh, m.all = false, true
 			return
 		}
-		merged = merged.With(k, svcs[slices.IndexFunc(svcs, func(x lb.Service) bool { return x.Name == name })])
+		merged = merged.With(k, svcs[at[j]])
 	}
 	m.merged = merged
 	m.changed = append(m.changed, changed...)
