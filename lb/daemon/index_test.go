@@ -75,3 +75,35 @@ func deref(idx index) map[lb.Frontend]programmedService {
 	}
 	return out
 }
+
+// TestProgrammedMoved: a pass over a few services hands the Kubernetes
+// source a new programmed set exactly when one of them gained or lost
+// its entry and table.
+func TestProgrammedMoved(t *testing.T) {
+	fe := func(i byte) lb.Frontend {
+		return lb.Frontend{Addr: netip.AddrFrom4([4]byte{10, 0, 0, i}), Port: 80, Proto: lb.TCP}
+	}
+	st := func(i byte, entry, table bool) reconciler.ServiceState {
+		return reconciler.ServiceState{Service: lb.Service{Frontend: fe(i)}, HasEntry: entry, HasTable: table}
+	}
+	prev := updateIndex(index{}, maglev.Seed{}, []reconciler.ServiceState{st(1, true, true), st(2, true, false)}, nil, nil)
+	tests := []struct {
+		name    string
+		changed []reconciler.ServiceState
+		gone    []lb.Frontend
+		want    bool
+	}{
+		{"still programmed", []reconciler.ServiceState{st(1, true, true)}, nil, false},
+		{"lost its table", []reconciler.ServiceState{st(1, true, false)}, nil, true},
+		{"got its table", []reconciler.ServiceState{st(2, true, true)}, nil, true},
+		{"new and programmed", []reconciler.ServiceState{st(3, true, true)}, nil, true},
+		{"new, not yet programmed", []reconciler.ServiceState{st(3, false, true)}, nil, false},
+		{"programmed one gone", nil, []lb.Frontend{fe(1)}, true},
+		{"unprogrammed one gone", nil, []lb.Frontend{fe(2)}, false},
+	}
+	for _, tc := range tests {
+		if got := programmedMoved(prev, tc.changed, tc.gone); got != tc.want {
+			t.Errorf("%s: programmedMoved = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}

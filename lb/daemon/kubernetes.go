@@ -9,6 +9,7 @@ import (
 	"github.com/l4lb/l4lb/discovery/kubernetes"
 	"github.com/l4lb/l4lb/lb"
 	"github.com/l4lb/l4lb/lb/config"
+	"github.com/l4lb/l4lb/lb/reconciler"
 )
 
 // kubeRun is one running Kubernetes source and what it was started with.
@@ -64,6 +65,28 @@ func (d *Daemon) newKubernetes(cfg *config.Config) (*kubeRun, error) {
 		kc:     tokenHash(cfg.Kubernetes.Kubeconfig),
 		runner: newRunner(d.sourceCtx),
 	}, nil
+}
+
+// programmedMoved reports whether changed and gone (reconciler.Changes)
+// change which frontends of prev have both their entry and their table:
+// the set reportProgrammed hands on, which a pass over a few services
+// then need not walk every service to build again.
+func programmedMoved(prev index, changed []reconciler.ServiceState, gone []lb.Frontend) bool {
+	was := func(fe lb.Frontend) bool {
+		ps, ok := prev.get(fe)
+		return ok && ps.HasEntry && ps.HasTable
+	}
+	for _, s := range changed {
+		if was(s.Service.Frontend) != (s.HasEntry && s.HasTable) {
+			return true
+		}
+	}
+	for _, fe := range gone {
+		if was(fe) {
+			return true
+		}
+	}
+	return false
 }
 
 // reportProgrammed tells the Kubernetes source which frontends the

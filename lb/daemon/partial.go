@@ -108,8 +108,10 @@ func (d *Daemon) applyServices(names []string, flipped []health.Key) bool {
 
 	changed, gone := d.rec.Changes()
 	index := updateIndex(d.index, d.cfg.Maglev.Seed, changed, gone, programmed)
+	if programmedMoved(d.index, changed, gone) {
+		d.reportProgrammed(index)
+	}
 	d.index = index
-	d.reportProgrammed(index)
 	if len(moved) > 0 {
 		probe := make([]lb.Service, len(moved))
 		for j, k := range moved {
