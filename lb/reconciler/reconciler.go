@@ -337,6 +337,14 @@ func (r *Reconciler) Reconcile(desired []lb.Service) error {
 	clear(gone)
 	r.gone = gone[:0]
 
+	clear(r.prev[len(r.prev):cap(r.prev)])
+	return r.program(work)
+}
+
+// program runs the phases of a pass's added and changed services, in the
+// order of their frontends, and returns the pass's errors joined (and
+// forgets them).
+func (r *Reconciler) program(work []*lb.Service) error {
 	slices.SortFunc(work, func(a, b *lb.Service) int { return a.Frontend.Compare(b.Frontend) })
 	for _, d := range work {
 		r.stage(d)
@@ -344,7 +352,6 @@ func (r *Reconciler) Reconcile(desired []lb.Service) error {
 	r.flush()
 	clear(work)
 	r.work = work[:0]
-	clear(r.prev[len(r.prev):cap(r.prev)])
 
 	err := errors.Join(r.errs...)
 	clear(r.errs)
@@ -385,21 +392,10 @@ func (r *Reconciler) Update(changed []lb.Service) error {
 		if sameService(&v.want, d) {
 			continue
 		}
+		r.touched[d.Frontend] = struct{}{}
 		work = append(work, d)
 	}
-	slices.SortFunc(work, func(a, b *lb.Service) int { return a.Frontend.Compare(b.Frontend) })
-	for _, d := range work {
-		r.touched[d.Frontend] = struct{}{}
-		r.stage(d)
-	}
-	r.flush()
-	clear(work)
-	r.work = work[:0]
-
-	err := errors.Join(r.errs...)
-	clear(r.errs)
-	r.errs = r.errs[:0]
-	return err
+	return r.program(work)
 }
 
 // MapFullError is a service refused because the service or backend map has
