@@ -82,8 +82,9 @@ func freePort(t *testing.T) int {
 }
 
 // startAgent starts a dev agent whose HTTP API listens on httpPort (0: a
-// free one) and waits until it has a leader and has synced its node.
-func startAgent(t *testing.T, httpPort int) *agent {
+// free one) and waits until it has a leader and has synced its node. hcl
+// adds agent settings.
+func startAgent(t *testing.T, httpPort int, hcl ...string) *agent {
 	t.Helper()
 	bin := consulBinary(t)
 	if httpPort == 0 {
@@ -110,6 +111,9 @@ func startAgent(t *testing.T, httpPort int) *agent {
 		// loopback.
 		"-hcl", "disable_update_check = true",
 		"-log-level", "info",
+	}
+	for _, h := range hcl {
+		args = append(args, "-hcl", h)
 	}
 	a.cmd = exec.Command(bin, args...)
 	a.cmd.Env = append(os.Environ(), "CHECKPOINT_DISABLE=1")

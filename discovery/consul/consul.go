@@ -134,6 +134,13 @@ type Source struct {
 	wg       sync.WaitGroup      // every goroutine Run started
 
 	claimSet *claims // Run's goroutine only
+
+	// Watching the services together (aggregate.go).
+	aggregate   bool               // more tagged services than maxWatches
+	stopHealth  context.CancelFunc // ends the health-state watch
+	pending     map[string]bool    // services to read again
+	pendingAll  bool               // read every service again
+	refreshKick chan struct{}
 }
 
 type catalogView struct {
@@ -142,8 +149,11 @@ type catalogView struct {
 
 // watched is one Consul service under watch.
 type watched struct {
+	// cancel stops the service's own blocking query; nil while the
+	// services are watched together.
 	cancel context.CancelFunc
-	have   bool // first answer received
+	have   bool   // first answer received
+	index  uint64 // Consul's index of that answer
 	tr     translation
 }
 
@@ -169,13 +179,15 @@ func New(cfg *config.Consul, opts Options) (*Source, error) {
 		return nil, fmt.Errorf("consul: cannot set up the client for %s: %v (check discovery.consul address and tls_* settings)", cfg.Address, err)
 	}
 	return &Source{
-		cfg:      *cfg,
-		opts:     opts,
-		client:   client,
-		log:      opts.Log.With("source", SourceName),
-		changed:  make(chan struct{}, 1),
-		services: map[string]*watched{},
-		failing:  map[string]error{},
+		cfg:         *cfg,
+		opts:        opts,
+		client:      client,
+		log:         opts.Log.With("source", SourceName),
+		changed:     make(chan struct{}, 1),
+		services:    map[string]*watched{},
+		failing:     map[string]error{},
+		pending:     map[string]bool{},
+		refreshKick: make(chan struct{}, 1),
 	}, nil
 }
 
@@ -226,6 +238,11 @@ func (s *Source) Run(ctx context.Context, out chan<- discovery.Snapshot) error {
 
 	s.log.Info("watching Consul", "address", s.cfg.Address, "datacenter", s.cfg.Datacenter, "tag", s.cfg.Tag, "kv_prefix", s.cfg.KVPrefix, "stale", s.cfg.Stale)
 	s.spawn("catalog", s.watchCatalog)
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		s.refresher(ctx)
+	}()
 	if s.cfg.KVPrefix != "" {
 		s.spawn("kv", s.watchKV)
 	}

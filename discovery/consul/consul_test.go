@@ -529,3 +529,76 @@ func TestTokenFile(t *testing.T) {
 		t.Errorf("status shows the token: %+v", st)
 	}
 }
+
+// TestManyServicesWatchedTogether: with more tagged services than
+// max_watches the source must not hold a blocking query per service. The
+// agent here allows 16 connections per client, as its default 200 would
+// against a few hundred services: one query per service would leave most
+// services unread (the agent answers 429). The source watches them
+// together and still follows check flips, new instances and removals, and
+// goes back to a query per service when few are left.
+func TestManyServicesWatchedTogether(t *testing.T) {
+	a := startAgent(t, 0, "limits { http_max_conns_per_client = 16 }")
+	const n = 40
+	tags := []string{"l4lb"}
+	reg := func(i int, id, addr, status string) {
+		a.register(t, inst{node: "n1", nodeAddr: "10.1.0.1", id: id, service: fmt.Sprintf("svc-%02d", i), addr: addr, port: 8080,
+			tags: tags, meta: meta(fmt.Sprintf("192.0.2.%d", 10+i), "80", "tcp"), status: status})
+	}
+	for i := range n {
+		reg(i, fmt.Sprintf("svc-%02d-a", i), "10.1.1.1", api.HealthPassing)
+	}
+	cfg := consulConfig(a.Addr)
+	cfg.MaxWatches = 8
+	h := runSource(t, cfg, consul.Options{})
+	everyOne := func(svcs []lb.Service) bool {
+		for i := range n {
+			if !hasBackends(fmt.Sprintf("svc-%02d", i), "10.1.1.1:8080/w1/active")(svcs) {
+				return false
+			}
+		}
+		return true
+	}
+	h.waitFor("all 40 services", everyOne)
+	h.waitStatus("healthy", func(st discovery.Status) bool { return st.Healthy })
+
+	// A check flip reaches its service alone.
+	reg(7, "svc-07-a", "10.1.1.1", api.HealthCritical)
+	h.waitFor("svc-07 without its critical backend", hasBackends("svc-07"))
+	reg(7, "svc-07-a", "10.1.1.1", api.HealthWarning)
+	h.waitFor("svc-07 draining", hasBackends("svc-07", "10.1.1.1:8080/w1/draining"))
+	// A new instance without any check: only the catalog says so.
+	reg(11, "svc-11-b", "10.1.1.2", "")
+	h.waitFor("svc-11's new backend", hasBackends("svc-11", "10.1.1.1:8080/w1/active", "10.1.1.2:8080/w1/active"))
+	// A node check fails: every service on the node loses its backend.
+	if _, err := a.API.Catalog().Register(&api.CatalogRegistration{Node: "n1", Address: "10.1.0.1",
+		Check: &api.AgentCheck{Node: "n1", CheckID: "node-ok", Name: "node", Status: api.HealthCritical}}, nil); err != nil {
+		t.Fatalf("register node check: %v", err)
+	}
+	h.waitFor("no backend on the failed node", func(svcs []lb.Service) bool {
+		for i := range n {
+			if len(backends(svcs, fmt.Sprintf("svc-%02d", i))) != 0 {
+				return false
+			}
+		}
+		return true
+	})
+	// Removing the failing check is seen although the answer no longer
+	// lists it.
+	if _, err := a.API.Catalog().Deregister(&api.CatalogDeregistration{Node: "n1", CheckID: "node-ok"}, nil); err != nil {
+		t.Fatalf("deregister node check: %v", err)
+	}
+	h.waitFor("backends back", hasBackends("svc-00", "10.1.1.1:8080/w1/active"))
+
+	// Down to four services: one query each again, and they still follow.
+	for i := 4; i < n; i++ {
+		a.deregister(t, "n1", fmt.Sprintf("svc-%02d-a", i))
+	}
+	a.deregister(t, "n1", "svc-11-b")
+	h.waitFor("four services", func(svcs []lb.Service) bool { return len(svcs) == 4 && absent("svc-39")(svcs) })
+	reg(2, "svc-02-a", "10.1.1.1", api.HealthCritical)
+	h.waitFor("svc-02 follows its own watch", hasBackends("svc-02"))
+	if st := h.src.Status(); !st.Healthy {
+		t.Errorf("status = %+v, want healthy", st)
+	}
+}

@@ -4,6 +4,7 @@ package consul
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -116,8 +117,11 @@ func (s *Source) failed(ctx context.Context, watch string, err error) {
 	s.notify()
 	if s.state != stateFailing {
 		s.state = stateFailing
-		s.log.Warn("Consul is not answering; the last known services keep serving",
-			"address", s.cfg.Address, "watch", watch, "error", err, "last_sync", s.synced)
+		args := []any{"address", s.cfg.Address, "watch", watch, "error", err, "last_sync", s.synced}
+		if strings.Contains(err.Error(), "429") {
+			args = append(args, "hint", fmt.Sprintf("the agent refuses more connections from this box: keep discovery.consul.max_watches (%d) well below the agent's limits.http_max_conns_per_client", s.maxWatches()))
+		}
+		s.log.Warn("Consul is not answering; the last known services keep serving", args...)
 	}
 }
 
@@ -172,8 +176,12 @@ func (s *Source) watchCatalog(q *api.QueryOptions) (uint64, func(), error) {
 	return meta.LastIndex, func() { s.setCatalog(all) }, nil
 }
 
-// setCatalog starts a watch for each newly tagged service and stops the
-// watches of services that are gone or lost the tag.
+// setCatalog follows the catalog's tagged services: it starts a watch for
+// each new one and stops those of services that are gone or lost the tag.
+// Up to MaxWatches services each get a blocking query of their own; past
+// that, the services are watched together (aggregate.go), since every
+// blocking query holds one of the few connections the agent allows a
+// client.
 func (s *Source) setCatalog(all map[string][]string) {
 	var names []string
 	for name, tags := range all {
@@ -188,29 +196,48 @@ func (s *Source) setCatalog(all map[string][]string) {
 		// names is sorted: a search, not a scan, keeps a catalog of
 		// 10,000 services from costing 10,000² comparisons.
 		if _, found := slices.BinarySearch(names, name); !found {
-			w.cancel()
+			if w.cancel != nil {
+				w.cancel()
+			}
 			delete(s.services, name)
 			s.stopWatchLocked(serviceWatch(name))
 			s.log.Debug("stopped watching Consul service", "service", name)
 		}
 	}
+	aggregate := len(names) > s.maxWatches()
+	if aggregate != s.aggregate {
+		s.switchModeLocked(aggregate, len(names))
+	}
 	for _, name := range names {
-		if _, ok := s.services[name]; ok {
-			continue
+		w, ok := s.services[name]
+		if !ok {
+			w = &watched{}
+			s.services[name] = w
 		}
-		ctx, cancel := context.WithCancel(s.run)
-		w := &watched{cancel: cancel}
-		s.services[name] = w
-		s.wg.Add(1)
-		go func() {
-			defer s.wg.Done()
-			s.loop(ctx, serviceWatch(name), s.serviceFetch(name, w))
-		}()
-		s.log.Debug("watching Consul service", "service", name)
+		if !aggregate && w.cancel == nil {
+			s.watchServiceLocked(name, w)
+		}
 	}
 	s.catalog = &catalogView{names: names}
+	if aggregate {
+		// The catalog's index moved: some instance was registered,
+		// changed or removed, and the answer does not say which.
+		s.refreshLocked(nil, true)
+	}
 	s.mu.Unlock()
 	s.notify()
+}
+
+// watchServiceLocked starts the blocking-query loop of one service.
+func (s *Source) watchServiceLocked(name string, w *watched) {
+	ctx, cancel := context.WithCancel(s.run)
+	w.cancel = cancel
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		s.loop(ctx, serviceWatch(name), s.serviceFetch(name, w))
+	}()
+	s.log.Debug("watching Consul service", "service", name)
 }
 
 func serviceWatch(name string) string { return "service " + name }
@@ -221,15 +248,7 @@ func (s *Source) serviceFetch(name string, w *watched) fetchFunc {
 		if err != nil {
 			return 0, nil, err
 		}
-		return meta.LastIndex, func() {
-			tr := fromCatalog(name, entries, s.cfg.WarningState, s.opts.Defaults)
-			s.mu.Lock()
-			if s.services[name] == w {
-				w.tr, w.have = tr, true
-			}
-			s.mu.Unlock()
-			s.notify()
-		}, nil
+		return meta.LastIndex, func() { s.setService(name, w, meta.LastIndex, entries) }, nil
 	}
 }
 

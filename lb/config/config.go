@@ -299,7 +299,19 @@ type Consul struct {
 	WarningState lb.BackendState
 	// RegisterSelf registers this LB box as a Consul service.
 	RegisterSelf bool
+	// MaxWatches is the most blocking queries the source holds open, one
+	// per tagged service, each an HTTP connection to the agent (which
+	// refuses more than limits.http_max_conns_per_client, 200 by
+	// default, from one address). With more tagged services than this
+	// the source watches them all with two queries instead (docs/consul.md).
+	// Zero means DefaultConsulMaxWatches.
+	MaxWatches int
 }
+
+// DefaultConsulMaxWatches leaves room under the agent's default of 200
+// connections per client for the catalog, KV and fleet watches, the
+// self-registration and other clients on the box.
+const DefaultConsulMaxWatches = 128
 
 // Kubernetes holds the settings of the Kubernetes discovery source.
 type Kubernetes struct {

@@ -399,7 +399,7 @@ protocol = "tcp"
 			doc:  head + "[discovery.consul]\n[discovery.kubernetes]\n",
 			want: func() *Config {
 				c := base()
-				c.Consul = &Consul{Address: "127.0.0.1:8500", Tag: "l4lb", KVPrefix: "l4lb/services/", Stale: true, WarningState: lb.Active}
+				c.Consul = &Consul{Address: "127.0.0.1:8500", Tag: "l4lb", KVPrefix: "l4lb/services/", Stale: true, WarningState: lb.Active, MaxWatches: DefaultConsulMaxWatches}
 				c.Kubernetes = k8sDefaults()
 				c.Fleet = &Fleet{KVPrefix: "l4lb/fleet/", SessionTTL: 15 * time.Second}
 				return c
@@ -427,7 +427,7 @@ protocol = "tcp"
 			doc:  head + "[discovery.consul]\n[fleet]\npublish = false\n",
 			want: func() *Config {
 				c := base()
-				c.Consul = &Consul{Address: "127.0.0.1:8500", Tag: "l4lb", KVPrefix: "l4lb/services/", Stale: true, WarningState: lb.Active}
+				c.Consul = &Consul{Address: "127.0.0.1:8500", Tag: "l4lb", KVPrefix: "l4lb/services/", Stale: true, WarningState: lb.Active, MaxWatches: DefaultConsulMaxWatches}
 				return c
 			},
 		},
@@ -447,6 +447,7 @@ tls_key_file = "/key.pem"
 tls_server_name = "consul"
 warning_state = "draining"
 register_self = true
+max_watches = 150
 [discovery.kubernetes]
 kubeconfig = "/etc/l4lb/kubeconfig"
 load_balancer_class = "example.com/lb"
@@ -473,7 +474,7 @@ fall = 2
 				c.Consul = &Consul{
 					Address: "consul.service.consul:8501", Tag: "edge", KVPrefix: "lb/", TokenFile: "/etc/l4lb/token",
 					Datacenter: "dc2", Stale: false, TLSCAFile: "/ca.pem", TLSCertFile: "/cert.pem", TLSKeyFile: "/key.pem",
-					TLSServerName: "consul", WarningState: lb.Draining, RegisterSelf: true,
+					TLSServerName: "consul", WarningState: lb.Draining, RegisterSelf: true, MaxWatches: 150,
 				}
 				k := k8sDefaults()
 				k.Kubeconfig, k.LoadBalancerClass, k.IncludeClassless = "/etc/l4lb/kubeconfig", "example.com/lb", true

@@ -123,6 +123,7 @@ type rawConsul struct {
 	TLSServerName any `toml:"tls_server_name"`
 	WarningState  any `toml:"warning_state"`
 	RegisterSelf  any `toml:"register_self"`
+	MaxWatches    any `toml:"max_watches"`
 }
 
 type rawKubernetes struct {

@@ -493,6 +493,7 @@ func (c *checker) consul(r *rawConsul) *Consul {
 		KVPrefix:     defaultConsulKVPrefix,
 		Stale:        true,
 		WarningState: lb.Active,
+		MaxWatches:   DefaultConsulMaxWatches,
 	}
 	if v, ok := s.str("address", r.Address); ok {
 		if err := checkHostPort(v, true); err != nil {
@@ -545,6 +546,9 @@ func (c *checker) consul(r *rawConsul) *Consul {
 	}
 	if v, ok := s.boolean("register_self", r.RegisterSelf); ok {
 		out.RegisterSelf = v
+	}
+	if v, ok := s.intIn("max_watches", r.MaxWatches, 1, 10000, "use 1 to 10000, and stay below the agent's limits.http_max_conns_per_client (default 200)"); ok {
+		out.MaxWatches = int(v)
 	}
 	return out
 }
