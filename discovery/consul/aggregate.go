@@ -86,6 +86,7 @@ func (s *Source) setService(name string, w *watched, index uint64, entries []*ap
 	s.mu.Lock()
 	if s.services[name] == w {
 		w.tr, w.have, w.index = tr, true, index
+		s.dirty[name] = true
 	}
 	s.mu.Unlock()
 	s.notify()

@@ -30,7 +30,6 @@ import (
 	"log/slog"
 	"maps"
 	"os"
-	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -141,6 +140,15 @@ type Source struct {
 	pending     map[string]bool    // services to read again
 	pendingAll  bool               // read every service again
 	refreshKick chan struct{}
+
+	// What the last build made, so that the next one can replace the
+	// few services whose answers changed (dirty) rather than assemble
+	// every one again; reshaped says a full build is needed (the
+	// catalog's list or the KV changed).
+	dirty    map[string]bool
+	reshaped bool
+	built    []lb.Service
+	builtAt  map[string]int // name -> index in built
 }
 
 type catalogView struct {
@@ -188,6 +196,7 @@ func New(cfg *config.Consul, opts Options) (*Source, error) {
 		failing:     map[string]error{},
 		pending:     map[string]bool{},
 		refreshKick: make(chan struct{}, 1),
+		dirty:       map[string]bool{},
 	}, nil
 }
 
@@ -263,8 +272,14 @@ func (s *Source) Run(ctx context.Context, out chan<- discovery.Snapshot) error {
 			return nil
 		case <-s.changed:
 		}
-		svcs, ready := s.build(!sent)
-		if !ready || (sent && reflect.DeepEqual(svcs, last)) {
+		svcs, ready, patched := s.build(!sent)
+		if !ready {
+			continue
+		}
+		if sent && (sameSlice(svcs, last) || !patched && slices.EqualFunc(svcs, last, lb.Service.Equal)) {
+			// The same services: keep the new build as the last one,
+			// which the next patch starts from.
+			last = svcs
 			continue
 		}
 		select {
@@ -295,10 +310,20 @@ func (s *Source) notify() {
 // build assembles the services to publish from the latest answers. For
 // the first snapshot (first) ready is false until every watch has answered
 // or failed; later, a service whose watch has not answered yet is simply
-// not published yet.
-func (s *Source) build(first bool) ([]lb.Service, bool) {
+// not published yet. patched says the result is the last one with changed
+// services replaced (patchLocked), and is the very same slice when none
+// changed.
+func (s *Source) build(first bool) (svcs []lb.Service, ready, patched bool) {
 	s.mu.Lock()
-	ready := s.catalog != nil && (s.cfg.KVPrefix == "" || s.kv != nil)
+	if !first {
+		if patch, ok := s.patchLocked(); ok {
+			s.mu.Unlock()
+			return patch, true, true
+		}
+	}
+	clear(s.dirty)
+	s.reshaped = false
+	ready = s.catalog != nil && (s.cfg.KVPrefix == "" || s.kv != nil)
 	var cands []candidate
 	problems := map[string][]string{}
 	if s.catalog != nil {
@@ -330,7 +355,7 @@ func (s *Source) build(first bool) ([]lb.Service, bool) {
 	}
 	s.mu.Unlock()
 	if !ready {
-		return nil, false
+		return nil, false, false
 	}
 
 	svcs, conflicts := s.claims().resolve(cands)
@@ -352,6 +377,51 @@ func (s *Source) build(first bool) ([]lb.Service, bool) {
 			s.log.Info("Consul definition problems resolved", "origin", o)
 		}
 	}
+	at := make(map[string]int, len(svcs))
+	for i, svc := range svcs {
+		at[svc.Name] = i
+	}
+	s.mu.Lock()
+	s.built, s.builtAt = svcs, at
+	s.mu.Unlock()
+	return svcs, true, false
+}
+
+// sameSlice reports whether a and b are one slice.
+func sameSlice(a, b []lb.Service) bool {
+	return len(a) == len(b) && (len(a) == 0 || &a[0] == &b[0])
+}
+
+// patchLocked is build for answers that changed services within
+// themselves: the last build with those services replaced, when that is
+// what a full build would make. That holds when the catalog's list and the
+// KV are as they were, no definition had a problem, and each changed
+// service translates without problems to the same name and frontend (so
+// no claim moves). It answers false otherwise. When no service differs
+// from the last build, the last build itself is returned.
+func (s *Source) patchLocked() ([]lb.Service, bool) {
+	if s.reshaped || s.built == nil || len(s.problems) > 0 {
+		return nil, false
+	}
+	svcs := s.built
+	copied := false
+	for name := range s.dirty {
+		i, ok := s.builtAt[name]
+		w := s.services[name]
+		if !ok || w == nil || !w.have || !w.tr.ok || len(w.tr.problems) > 0 ||
+			w.tr.svc.Name != name || w.tr.svc.Frontend != svcs[i].Frontend {
+			return nil, false
+		}
+		if svcs[i].Equal(w.tr.svc) {
+			continue
+		}
+		if !copied {
+			svcs, copied = slices.Clone(svcs), true
+		}
+		svcs[i] = w.tr.svc
+	}
+	clear(s.dirty)
+	s.built = svcs
 	return svcs, true
 }
 

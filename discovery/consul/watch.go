@@ -218,6 +218,9 @@ func (s *Source) setCatalog(all map[string][]string) {
 			s.watchServiceLocked(name, w)
 		}
 	}
+	if s.catalog == nil || !slices.Equal(s.catalog.names, names) {
+		s.reshaped = true
+	}
 	s.catalog = &catalogView{names: names}
 	if aggregate {
 		// The catalog's index moved: some instance was registered,
@@ -278,6 +281,7 @@ func (s *Source) setKV(pairs api.KVPairs) {
 	}
 	s.mu.Lock()
 	s.kv = next
+	s.reshaped = true
 	s.mu.Unlock()
 	s.notify()
 }

@@ -67,6 +67,7 @@ func main() {
 	backends := flag.Int("backends", 10, "backends per service")
 	changes := flag.Int("changes", 20, "changes timed per size and binary")
 	rounds := flag.Int("rounds", 1, "rounds: every binary runs every size once per round")
+	consulMaxWatches := flag.Int("consul-max-watches", 0, "discovery.consul.max_watches of the consul path (0: not set, l4lbd's default)")
 	tableSize := flag.Int("table-size", 1021, "maglev.table_size of every service (a prime ≥ 100 × backends)")
 	pathList := flag.String("paths", "file,override", "what changes, comma-separated: file, override, consul, health")
 	consulBin := flag.String("consul", "bin/consul", "the Consul agent of the consul path (`make bin/consul`)")
@@ -133,7 +134,7 @@ func main() {
 		fmt.Fprintf(os.Stderr, "benchcontrol: the kubernetes path takes at most %d services: kubetest's apiserver has a /16 of ClusterIPs, and every LoadBalancer Service takes one\n", k8sMaxServices)
 		os.Exit(2)
 	}
-	o := opts{backends: *backends, tableSize: *tableSize, changes: *changes, paths: paths}
+	o := opts{backends: *backends, tableSize: *tableSize, changes: *changes, paths: paths, consulMaxWatches: *consulMaxWatches}
 
 	results := map[[2]int][]run{}                                                    // (size, binary) -> runs
 	setups := map[string]map[int][]time.Duration{pathConsul: {}, pathKubernetes: {}} // path -> size -> setup times
@@ -230,6 +231,9 @@ var allPaths = []string{pathFile, pathOverride, pathHealth, pathConsul, pathKube
 type opts struct {
 	backends, tableSize, changes int
 	paths                        map[string]bool
+	// consulMaxWatches is written as discovery.consul.max_watches
+	// when not 0 (a baseline older than the key refuses it).
+	consulMaxWatches int
 }
 
 // run is one binary at one size.
@@ -417,7 +421,11 @@ func measureConsul(tp *topo.Topology, h *topo.Host, bin string, n int, o opts, a
 		return w
 	}
 	t0 := time.Now()
-	d := h.StartL4LBD(bin, configHead(n, b, o.tableSize)+fmt.Sprintf("\n[discovery.consul]\naddress = %q\n", consulAddr))
+	section := fmt.Sprintf("\n[discovery.consul]\naddress = %q\n", consulAddr)
+	if o.consulMaxWatches != 0 {
+		section += fmt.Sprintf("max_watches = %d\n", o.consulMaxWatches)
+	}
+	d := h.StartL4LBD(bin, configHead(n, b, o.tableSize)+section)
 	dp := mustOpenDatapath(t, d)
 	defer dp.Close()
 	waitReady(t, "consul", d, dp, readyService{n - 1, serviceBackends(n-1, b)}, readyService{svc, want()})
