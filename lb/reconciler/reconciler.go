@@ -266,8 +266,8 @@ func (r *Reconciler) Reconcile(desired []lb.Service) error {
 	defer r.mu.Unlock()
 
 	r.gen++
-	clear(r.names)
-	clear(r.fresh)
+	r.names = emptied(r.names)
+	r.fresh = emptied(r.fresh)
 	work := r.work[:0]
 	seen := 0
 	prev := r.prev
@@ -375,7 +375,7 @@ func (r *Reconciler) Update(changed []lb.Service) error {
 	defer r.mu.Unlock()
 
 	work := r.work[:0]
-	clear(r.fresh)
+	r.fresh = emptied(r.fresh)
 	for i := range changed {
 		d := &changed[i]
 		if j, dup := r.fresh[d.Frontend]; dup {
@@ -883,4 +883,16 @@ func validate(d *lb.Service) error {
 		}
 	}
 	return nil
+}
+
+// emptied returns m without entries. A map keeps the room it once grew to,
+// and clearing or walking it costs that room, not its entries: after a pass
+// over 100,000 services, every later pass over one service would pay for
+// 100,000. So a map that grew large is replaced rather than cleared.
+func emptied[M ~map[K]V, K comparable, V any](m M) M {
+	if len(m) > 1024 {
+		return make(M)
+	}
+	clear(m)
+	return m
 }

@@ -92,7 +92,7 @@ func (r *Reconciler) Changes() (changed []ServiceState, gone []lb.Frontend) {
 			gone = append(gone, fe)
 		}
 	}
-	clear(r.touched)
+	r.touched = emptied(r.touched)
 	slices.SortFunc(changed, func(a, b ServiceState) int { return a.Service.Frontend.Compare(b.Service.Frontend) })
 	slices.SortFunc(gone, lb.Frontend.Compare)
 	return changed, gone
