@@ -321,7 +321,7 @@ func (s *Source) build(first bool) (svcs []lb.Service, ready, patched bool) {
 			return patch, true, true
 		}
 	}
-	clear(s.dirty)
+	s.forgetDirtyLocked()
 	s.reshaped = false
 	ready = s.catalog != nil && (s.cfg.KVPrefix == "" || s.kv != nil)
 	var cands []candidate
@@ -387,6 +387,17 @@ func (s *Source) build(first bool) (svcs []lb.Service, ready, patched bool) {
 	return svcs, true, false
 }
 
+// forgetDirtyLocked empties the dirty set. After the first answers it held
+// every service, and a map walked or cleared costs the room it grew to:
+// that one is replaced instead.
+func (s *Source) forgetDirtyLocked() {
+	if len(s.dirty) > 1024 {
+		s.dirty = map[string]bool{}
+		return
+	}
+	clear(s.dirty)
+}
+
 // sameSlice reports whether a and b are one slice.
 func sameSlice(a, b []lb.Service) bool {
 	return len(a) == len(b) && (len(a) == 0 || &a[0] == &b[0])
@@ -420,7 +431,7 @@ func (s *Source) patchLocked() ([]lb.Service, bool) {
 		}
 		svcs[i] = w.tr.svc
 	}
-	clear(s.dirty)
+	s.forgetDirtyLocked()
 	s.built = svcs
 	return svcs, true
 }
