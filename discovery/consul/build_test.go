@@ -10,6 +10,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/l4lb/l4lb/discovery"
 	"github.com/l4lb/l4lb/lb"
 )
 
@@ -63,7 +64,7 @@ func TestBuildPatches(t *testing.T) {
 			if !slices.EqualFunc(got, full, lb.Service.Equal) {
 				t.Errorf("patched build differs from a full one:\n%v\n%v", got, full)
 			}
-			if tc.name == "same answer again" && !sameSlice(got, last) {
+			if tc.name == "same answer again" && !discovery.SameServices(got, last) {
 				t.Errorf("an unchanged answer gave a new slice: Run would publish it again")
 			}
 		})
@@ -84,7 +85,7 @@ func BenchmarkBuild(b *testing.B) {
 		w.tr.svc.Backends[0].Weight = uint32(i%7 + 2)
 		s.dirty[names[i%n]] = true
 		svcs, _, patched := s.build(false)
-		if !patched || sameSlice(svcs, last) {
+		if !patched || discovery.SameServices(svcs, last) {
 			b.Fatal("no change seen")
 		}
 		last = svcs

@@ -276,7 +276,7 @@ func (s *Source) Run(ctx context.Context, out chan<- discovery.Snapshot) error {
 		if !ready {
 			continue
 		}
-		if sent && (sameSlice(svcs, last) || !patched && slices.EqualFunc(svcs, last, lb.Service.Equal)) {
+		if sent && (discovery.SameServices(svcs, last) || !patched && slices.EqualFunc(svcs, last, lb.Service.Equal)) {
 			// The same services: keep the new build as the last one,
 			// which the next patch starts from.
 			last = svcs
@@ -396,11 +396,6 @@ func (s *Source) forgetDirtyLocked() {
 		return
 	}
 	clear(s.dirty)
-}
-
-// sameSlice reports whether a and b are one slice.
-func sameSlice(a, b []lb.Service) bool {
-	return len(a) == len(b) && (len(a) == 0 || &a[0] == &b[0])
 }
 
 // patchLocked is build for answers that changed services within

@@ -29,6 +29,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/netip"
 	"os"
 	"reflect"
@@ -37,6 +38,7 @@ import (
 	"sync"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/labels"
@@ -154,9 +156,20 @@ type Source struct {
 	leader     bool
 	problems   []string
 
+	// EndpointSlice events since the last build, by Service; full says
+	// that something else changed (a Service, a Node, a new view, a
+	// lingering backend's end), which only a whole translation follows.
+	dirty map[key]bool
+	full  bool
+
 	// Run's goroutine only.
 	assigned map[key][]netip.Addr
 	linger   lingering
+	// built is what the last build published, from view builtFrom with
+	// allocation builtAllocate.
+	built         []lb.Service
+	builtFrom     *view
+	builtAllocate bool
 }
 
 const (
@@ -164,6 +177,8 @@ const (
 	stateOK
 	stateFailing
 )
+
+var klogOnce sync.Once
 
 // New prepares a source for the [discovery.kubernetes] settings cfg. The
 // kubeconfig is read now, so a missing or broken one is reported at start
@@ -174,8 +189,10 @@ func New(cfg *config.Kubernetes, opts Options) (*Source, error) {
 	}
 	opts.fill()
 	// client-go logs through klog: into l4lbd's structured log instead of
-	// its own format on stderr.
-	klog.SetSlogLogger(opts.Log.With("source", SourceName, "component", "client-go"))
+	// its own format on stderr. klog's logger is one global, read by the
+	// informers of a source that may still be running (a reload starts a
+	// new source before the old one is gone): it is set once.
+	klogOnce.Do(func() { klog.SetSlogLogger(opts.Log.With("source", SourceName, "component", "client-go")) })
 	rc, err := restConfig(cfg)
 	if err != nil {
 		return nil, err
@@ -195,7 +212,8 @@ func New(cfg *config.Kubernetes, opts Options) (*Source, error) {
 		boxKick:    make(chan struct{}, 1),
 		frontends:  map[key][]lb.Frontend{},
 		programmed: map[lb.Frontend]bool{},
-		linger:     lingering{},
+		linger:     newLingering(),
+		dirty:      map[key]bool{},
 	}, nil
 }
 
@@ -287,12 +305,12 @@ func (s *Source) Run(ctx context.Context, out chan<- discovery.Snapshot) error {
 	expire := time.NewTimer(time.Hour)
 	defer expire.Stop()
 	for {
-		svcs, next := s.build(time.Now())
+		svcs, next, patched := s.build(time.Now())
 		expire.Stop()
 		if !next.IsZero() {
 			expire.Reset(time.Until(next))
 		}
-		if !sent || !reflect.DeepEqual(svcs, last) {
+		if !sent || !discovery.SameServices(svcs, last) && (patched || !slices.EqualFunc(svcs, last, lb.Service.Equal)) {
 			select {
 			case out <- discovery.Snapshot{Source: SourceName, Services: svcs}:
 				last, sent = svcs, true
@@ -305,6 +323,9 @@ func (s *Source) Run(ctx context.Context, out chan<- discovery.Snapshot) error {
 			return nil
 		case <-s.changed:
 		case <-expire.C:
+			s.mu.Lock()
+			s.full = true
+			s.mu.Unlock()
 		}
 	}
 }
@@ -314,6 +335,9 @@ type view struct {
 	services  listerscorev1.ServiceLister
 	nodes     listerscorev1.NodeLister
 	endpoints listersdiscoveryv1.EndpointSliceLister
+	// byService indexes the EndpointSlices by their Service's key
+	// (indexService).
+	byService cache.Indexer
 	// stop ends the informers and waits for them.
 	stop func()
 }
@@ -327,14 +351,28 @@ func (s *Source) watch(ctx, attempt context.Context) (*view, error) {
 	svcInf := f.Core().V1().Services()
 	nodeInf := f.Core().V1().Nodes()
 	epInf := f.Discovery().V1().EndpointSlices()
-	v := &view{services: svcInf.Lister(), nodes: nodeInf.Lister(), endpoints: epInf.Lister(),
+	if err := epInf.Informer().AddIndexers(cache.Indexers{indexService: sliceService}); err != nil {
+		cancel()
+		return nil, fmt.Errorf("kubernetes: endpointslices informer: %w", err)
+	}
+	v := &view{services: svcInf.Lister(), nodes: nodeInf.Lister(), endpoints: epInf.Lister(), byService: epInf.Informer().GetIndexer(),
 		stop: func() { cancel(); f.Shutdown() }}
-	handler := cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(any) { s.heard() },
-		UpdateFunc: func(any, any) { s.heard() },
-		DeleteFunc: func(any) { s.heard() },
+	whole := cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { s.heardAll() },
+		UpdateFunc: func(any, any) { s.heardAll() },
+		DeleteFunc: func(any) { s.heardAll() },
+	}
+	// An EndpointSlice event concerns its Service alone.
+	slice := cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { s.heardSlice(obj) },
+		UpdateFunc: func(_, obj any) { s.heardSlice(obj) },
+		DeleteFunc: func(obj any) { s.heardSlice(obj) },
 	}
 	for name, inf := range map[string]cache.SharedIndexInformer{"services": svcInf.Informer(), "nodes": nodeInf.Informer(), "endpointslices": epInf.Informer()} {
+		handler := whole
+		if name == "endpointslices" {
+			handler = slice
+		}
 		if _, err := inf.AddEventHandler(handler); err != nil {
 			v.stop()
 			return nil, fmt.Errorf("kubernetes: %s informer: %w", name, err)
@@ -390,6 +428,50 @@ func (s *Source) heard() {
 	}
 }
 
+// heardAll is an event that only a whole translation follows.
+func (s *Source) heardAll() {
+	s.mu.Lock()
+	s.full = true
+	s.mu.Unlock()
+	s.heard()
+}
+
+// heardSlice is an EndpointSlice event: its Service is dirty.
+func (s *Source) heardSlice(obj any) {
+	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = d.Obj
+	}
+	e, ok := obj.(*discoveryv1.EndpointSlice)
+	name := ""
+	if ok {
+		name = e.Labels[labelServiceName]
+	}
+	s.mu.Lock()
+	switch {
+	case !ok:
+		s.full = true
+	case name != "":
+		s.dirty[key{e.Namespace, name}] = true
+	}
+	s.mu.Unlock()
+	s.heard()
+}
+
+// indexService is the EndpointSlice index by the key of the Service a
+// slice belongs to.
+const indexService = "service"
+
+func sliceService(obj any) ([]string, error) {
+	e, ok := obj.(*discoveryv1.EndpointSlice)
+	if !ok {
+		return nil, nil
+	}
+	if name := e.Labels[labelServiceName]; name != "" {
+		return []string{key{e.Namespace, name}.String()}, nil
+	}
+	return nil, nil
+}
+
 func (s *Source) kickWriter() {
 	for _, ch := range []chan struct{}{s.write, s.boxKick} {
 		select {
@@ -400,10 +482,90 @@ func (s *Source) kickWriter() {
 }
 
 // build translates the informers' view and returns the services to
-// publish, and when a lingering backend expires (zero: none).
-func (s *Source) build(now time.Time) ([]lb.Service, time.Time) {
-	var w world
+// publish, and when a lingering backend expires (zero: none). patched says
+// that only the Services of EndpointSlice events were translated again
+// (patch); the result is then the very same slice as the last one when none
+// of them changed.
+func (s *Source) build(now time.Time) ([]lb.Service, time.Time, bool) {
 	v := s.current()
+	s.mu.Lock()
+	allocate := s.synced && s.failing == nil
+	full := s.full || s.built == nil || s.builtFrom != v || s.builtAllocate != allocate
+	keys := slices.Collect(maps.Keys(s.dirty))
+	if len(s.dirty) > 1024 {
+		// Walking or clearing a map costs the room it once grew to.
+		s.dirty = map[key]bool{}
+	} else {
+		clear(s.dirty)
+	}
+	s.full = false
+	s.mu.Unlock()
+	if !full {
+		if svcs, next, ok := s.patch(v, keys, now); ok {
+			return svcs, next, true
+		}
+	}
+	svcs, next := s.translateAll(v, allocate, now)
+	s.built, s.builtFrom, s.builtAllocate = svcs, v, allocate
+	return svcs, next, false
+}
+
+// patch is build after EndpointSlice events only: the last translation
+// with those Services translated again (translator.retranslate). It
+// answers false when only a whole translation can tell.
+func (s *Source) patch(v *view, keys []key, now time.Time) ([]lb.Service, time.Time, bool) {
+	svcs := make(map[key]*corev1.Service, len(keys))
+	eps := make(map[key][]*discoveryv1.EndpointSlice, len(keys))
+	for _, k := range keys {
+		svc, err := v.services.Services(k.ns).Get(k.name)
+		if err != nil {
+			if apierrors.IsNotFound(err) {
+				continue // a Service event follows, or was seen: a full build
+			}
+			return nil, time.Time{}, false
+		}
+		svcs[k] = svc
+		objs, err := v.byService.ByIndex(indexService, k.String())
+		if err != nil {
+			return nil, time.Time{}, false
+		}
+		for _, o := range objs {
+			if e, ok := o.(*discoveryv1.EndpointSlice); ok {
+				eps[k] = append(eps[k], e)
+			}
+		}
+	}
+	t := translator{cfg: s.cfg, defaults: s.opts.Defaults, prev: s.assigned, allocate: s.builtAllocate}
+	s.mu.Lock()
+	prev := s.result
+	s.mu.Unlock()
+	res, moved, ok := t.retranslate(prev, svcs, eps, keys)
+	if !ok {
+		return nil, time.Time{}, false
+	}
+	out := s.built
+	copied := false
+	for _, i := range moved {
+		svc := s.linger.one(res.services[i], s.opts.Defaults, s.opts.DrainLinger, now)
+		if out[i].Equal(svc) {
+			continue
+		}
+		if !copied {
+			out, copied = slices.Clone(out), true
+		}
+		out[i] = svc
+	}
+	s.mu.Lock()
+	s.result = &res
+	s.mu.Unlock()
+	s.kickWriter()
+	s.built = out
+	return out, s.linger.next(), true
+}
+
+// translateAll translates the whole view.
+func (s *Source) translateAll(v *view, allocate bool, now time.Time) ([]lb.Service, time.Time) {
+	var w world
 	all, _ := v.services.List(labels.Everything())
 	w.services = all
 	w.nodes, _ = v.nodes.List(labels.Everything())
@@ -415,9 +577,6 @@ func (s *Source) build(now time.Time) ([]lb.Service, time.Time) {
 			w.slices[k] = append(w.slices[k], e)
 		}
 	}
-	s.mu.Lock()
-	allocate := s.synced && s.failing == nil
-	s.mu.Unlock()
 	t := translator{cfg: s.cfg, defaults: s.opts.Defaults, prev: s.assigned, allocate: allocate}
 	res := t.translate(w)
 	// Keep the earlier assignment of a Service the translation could not
@@ -588,7 +747,12 @@ func (s *Source) probe(ctx context.Context) {
 
 // lingering keeps backends that left a Service draining for its drain
 // timeout, so their established flows finish instead of being cut.
-type lingering map[string]map[netip.AddrPort]lingerEntry
+type lingering struct {
+	byService map[string]map[netip.AddrPort]lingerEntry
+	// expiry is each Service's earliest lingering backend's end, for
+	// the Services that have one.
+	expiry map[string]time.Time
+}
 
 type lingerEntry struct {
 	until   time.Time
@@ -596,60 +760,86 @@ type lingerEntry struct {
 	present bool // in the latest translation
 }
 
+func newLingering() lingering {
+	return lingering{byService: map[string]map[netip.AddrPort]lingerEntry{}, expiry: map[string]time.Time{}}
+}
+
 // apply adds the lingering backends to svcs (as draining) and returns the
-// next expiry.
+// next expiry. Services not in svcs are forgotten.
 func (l lingering) apply(svcs []lb.Service, defs lb.Defaults, fallback time.Duration, now time.Time) ([]lb.Service, time.Time) {
-	var next time.Time
-	names := map[string]bool{}
+	names := make(map[string]bool, len(svcs))
 	out := make([]lb.Service, len(svcs))
 	for i, svc := range svcs {
 		names[svc.Name] = true
-		d := svc.WithDefaults(defs).DrainTimeout
-		if d <= 0 {
-			d = fallback
-		}
-		m := l[svc.Name]
-		if m == nil {
-			m = map[netip.AddrPort]lingerEntry{}
-			l[svc.Name] = m
-		}
-		have := map[netip.AddrPort]bool{}
-		for _, b := range svc.Backends {
-			have[b.Addr] = true
-		}
-		for a, e := range m {
-			switch {
-			case have[a]:
-				delete(m, a)
-			case e.present:
-				// It left just now.
-				e.present, e.until = false, now.Add(d)
-				m[a] = e
-			}
-		}
-		svc = svc.Clone()
-		for a, e := range m {
-			if !e.until.After(now) {
-				delete(m, a)
-				continue
-			}
-			b := e.backend
-			b.State = lb.Draining
-			svc.Backends = append(svc.Backends, b)
-			if next.IsZero() || e.until.Before(next) {
-				next = e.until
-			}
-		}
-		for _, b := range svcs[i].Backends {
-			m[b.Addr] = lingerEntry{backend: b, present: true}
-		}
-		slices.SortFunc(svc.Backends, func(a, b lb.Backend) int { return a.Addr.Compare(b.Addr) })
-		out[i] = svc
+		out[i] = l.one(svc, defs, fallback, now)
 	}
-	for name := range l {
+	for name := range l.byService {
 		if !names[name] {
-			delete(l, name)
+			delete(l.byService, name)
+			delete(l.expiry, name)
 		}
 	}
-	return out, next
+	return out, l.next()
+}
+
+// one is apply for one Service that the last translation kept.
+func (l lingering) one(in lb.Service, defs lb.Defaults, fallback time.Duration, now time.Time) lb.Service {
+	d := in.WithDefaults(defs).DrainTimeout
+	if d <= 0 {
+		d = fallback
+	}
+	m := l.byService[in.Name]
+	if m == nil {
+		m = map[netip.AddrPort]lingerEntry{}
+		l.byService[in.Name] = m
+	}
+	have := map[netip.AddrPort]bool{}
+	for _, b := range in.Backends {
+		have[b.Addr] = true
+	}
+	for a, e := range m {
+		switch {
+		case have[a]:
+			delete(m, a)
+		case e.present:
+			// It left just now.
+			e.present, e.until = false, now.Add(d)
+			m[a] = e
+		}
+	}
+	svc := in.Clone()
+	var next time.Time
+	for a, e := range m {
+		if !e.until.After(now) {
+			delete(m, a)
+			continue
+		}
+		b := e.backend
+		b.State = lb.Draining
+		svc.Backends = append(svc.Backends, b)
+		if next.IsZero() || e.until.Before(next) {
+			next = e.until
+		}
+	}
+	if next.IsZero() {
+		delete(l.expiry, in.Name)
+	} else {
+		l.expiry[in.Name] = next
+	}
+	for _, b := range in.Backends {
+		m[b.Addr] = lingerEntry{backend: b, present: true}
+	}
+	slices.SortFunc(svc.Backends, func(a, b lb.Backend) int { return a.Addr.Compare(b.Addr) })
+	return svc
+}
+
+// next is the earliest end of any lingering backend (zero: none).
+func (l lingering) next() time.Time {
+	var next time.Time
+	for _, t := range l.expiry {
+		if next.IsZero() || t.Before(next) {
+			next = t
+		}
+	}
+	return next
 }

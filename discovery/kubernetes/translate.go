@@ -7,6 +7,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -100,6 +101,15 @@ type result struct {
 	// problems are left-out parts that do not refuse a Service (a Node
 	// with a bad weight annotation, an SCTP port).
 	problems []string
+
+	// What retranslate needs to redo one Service: the eligible nodes,
+	// each Service's outcome after VIP assignment and before its
+	// frontends were built, and services' positions by name. Shared
+	// between a result and the results retranslated from it: never
+	// written after translate.
+	nodes []node
+	pre   map[key]outcome
+	at    map[string]int
 }
 
 // translator holds what a translation needs besides the world.
@@ -153,17 +163,74 @@ func (t *translator) translate(w world) result {
 	res.problems = append(res.problems, nodeProblems...)
 
 	vips := t.assign(served, releasing, &res)
+	res.nodes, res.pre = nodes, make(map[key]outcome, len(served))
 	for _, svc := range served {
 		k := keyOf(svc)
 		o := res.outcomes[k]
 		if o.reason != ReasonProgrammed {
 			continue
 		}
+		res.pre[k] = *o
 		t.frontends(svc, vips[k], nodes, w.slices[k], o, &res)
 	}
 	slices.SortFunc(res.services, func(a, b lb.Service) int { return strings.Compare(a.Name, b.Name) })
 	slices.Sort(res.problems)
+	res.at = make(map[string]int, len(res.services))
+	for i, s := range res.services {
+		res.at[s.Name] = i
+	}
 	return res
+}
+
+// retranslate is translate for a world that differs from the one prev was
+// translated from only in the EndpointSlices of the Services keys (svcs
+// holds those Services, eps their slices): VIPs, nodes and every other
+// Service stay as prev has them, so only those Services' frontends are
+// built again. An EndpointSlice event then costs its Service, not the
+// cluster. It answers false, and the caller translates in full, when the
+// result might differ from translate's in more than those Services'
+// backends and counts: a Service not found, or one whose frontends, or
+// whether it is served, would change.
+//
+// moved are the positions in the result's services of the lb.Services
+// built again.
+func (t *translator) retranslate(prev *result, svcs map[key]*corev1.Service, eps map[key][]*discoveryv1.EndpointSlice, keys []key) (res result, moved []int, ok bool) {
+	res = *prev
+	copied := false
+	for _, k := range keys {
+		pre, ok := prev.pre[k]
+		if !ok {
+			// Not served, or refused before its backends mattered:
+			// its EndpointSlices change nothing.
+			continue
+		}
+		svc := svcs[k]
+		old := prev.outcomes[k]
+		if svc == nil || old == nil || svc.Generation != pre.generation {
+			return result{}, nil, false
+		}
+		o := pre
+		var one result
+		t.frontends(svc, o.vips, prev.nodes, eps[k], &o, &one)
+		if !o.served() || !old.served() || !slices.Equal(o.frontends, old.frontends) || len(one.services) != len(old.frontends) {
+			return result{}, nil, false
+		}
+		if !copied {
+			res.services = slices.Clone(prev.services)
+			res.outcomes = maps.Clone(prev.outcomes)
+			copied = true
+		}
+		for _, svc := range one.services {
+			i, ok := res.at[svc.Name]
+			if !ok {
+				return result{}, nil, false
+			}
+			res.services[i] = svc
+			moved = append(moved, i)
+		}
+		res.outcomes[k] = &o
+	}
+	return res, moved, true
 }
 
 // node is an eligible Node reduced to what backends need.

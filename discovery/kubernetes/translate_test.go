@@ -578,7 +578,7 @@ func TestPortsAndNames(t *testing.T) {
 }
 
 func TestLingeringBackends(t *testing.T) {
-	l := lingering{}
+	l := newLingering()
 	b1, b2 := lb.Backend{Addr: netip.MustParseAddrPort("10.0.0.1:1"), Weight: 1}, lb.Backend{Addr: netip.MustParseAddrPort("10.0.0.2:1"), Weight: 1}
 	svc := lb.Service{Name: "s", Backends: []lb.Backend{b1, b2}}
 	defs := lb.Defaults{DrainTimeout: time.Minute}
