@@ -1,0 +1,203 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package announce
+
+import (
+	"context"
+	"log/slog"
+	"maps"
+	"net/netip"
+	"sync"
+	"time"
+
+	gapi "github.com/osrg/gobgp/v4/api"
+	"github.com/osrg/gobgp/v4/pkg/server"
+)
+
+// BFD session states, as l4lbctl and the metrics name them.
+const (
+	bfdUp        = "up"
+	bfdDown      = "down"
+	bfdInit      = "init"
+	bfdAdminDown = "admin_down"
+)
+
+// BFDStates lists the BFD session states in the order status output and
+// metrics use.
+var BFDStates = []string{bfdUp, bfdDown, bfdInit, bfdAdminDown}
+
+// bfdPoll is how often the watcher reads gobgp's BFD sessions. gobgp keeps
+// no history and emits no event for a BFD transition; a session that went
+// down stays down for at least the router's slow-start transmit interval
+// (one second, RFC 5880 6.8.3), so polling well below that sees every
+// transition.
+const bfdPoll = 50 * time.Millisecond
+
+// BFDStatus is the state of one peer's BFD session.
+type BFDStatus struct {
+	// State is up, down, init or admin_down.
+	State string
+	// Since is when the watcher saw State begin; zero if it has not
+	// changed since l4lbd started.
+	Since time.Time
+	// Transitions counts the entries into each state since l4lbd started.
+	Transitions map[string]uint64
+	// PacketsSent and PacketsReceived count control packets of the
+	// current BFD session (gobgp restarts them with the session).
+	PacketsSent, PacketsReceived uint64
+	// The configured timers.
+	DetectMultiplier             uint8
+	MinRxInterval, MinTxInterval time.Duration
+}
+
+// bfdWatch follows gobgp's BFD sessions, logs every state change and
+// counts them: what an operator needs to tell a flapping link from a dead
+// box after the fact.
+type bfdWatch struct {
+	srv *server.BgpServer
+	log *slog.Logger
+	// restart starts a peer's BFD session afresh, if it has one (see
+	// poll).
+	restart func(netip.Addr)
+	done    chan struct{}
+	wg      sync.WaitGroup
+	// established is the BGP session state of each peer at the last
+	// poll; only the watcher's goroutine uses it.
+	established map[netip.Addr]bool
+
+	mu       sync.Mutex
+	sessions map[netip.Addr]*BFDStatus
+}
+
+func watchBFD(srv *server.BgpServer, log *slog.Logger, restart func(netip.Addr)) *bfdWatch {
+	w := &bfdWatch{srv: srv, log: log, restart: restart, done: make(chan struct{}), established: map[netip.Addr]bool{}, sessions: map[netip.Addr]*BFDStatus{}}
+	w.wg.Add(1)
+	go func() {
+		defer w.wg.Done()
+		t := time.NewTicker(bfdPoll)
+		defer t.Stop()
+		for {
+			select {
+			case <-w.done:
+				return
+			case now := <-t.C:
+				w.poll(now)
+			}
+		}
+	}()
+	return w
+}
+
+// poll reads the BFD and BGP sessions. A BFD session whose BGP session
+// went down is started afresh, to work around two behaviours that together
+// keep a recovered peer flapping forever: a router (BIRD) makes a new BFD
+// session, with a new discriminator, for each BGP session, and gobgp keeps
+// the old one bound and drops the new one's packets until its detection
+// time runs out; gobgp then resets the BGP session, and a reset while the
+// session is down is queued and kills the next session as soon as it is
+// established. A fresh gobgp BFD session accepts the router's new one at
+// once and never expires while the BGP session is down.
+func (w *bfdWatch) poll(now time.Time) {
+	var restart []netip.Addr
+	_ = w.srv.ListPeer(context.Background(), &gapi.ListPeerRequest{}, func(p *gapi.Peer) {
+		a, err := netip.ParseAddr(p.GetConf().GetNeighborAddress())
+		if err != nil {
+			return
+		}
+		a = a.Unmap()
+		up := p.GetState().GetSessionState() == gapi.PeerState_SESSION_STATE_ESTABLISHED
+		if w.established[a] && !up {
+			restart = append(restart, a)
+		}
+		w.established[a] = up
+	})
+	for _, a := range restart {
+		w.restart(a)
+	}
+	w.pollBFD(now)
+}
+
+func (w *bfdWatch) pollBFD(now time.Time) {
+	type live struct {
+		state      string
+		sent, recv uint64
+	}
+	seen := map[netip.Addr]live{}
+	w.srv.ListBfdPeer(context.Background(), func(addr string, st *gapi.BfdPeerState) {
+		a, err := netip.ParseAddr(addr)
+		if err != nil {
+			return
+		}
+		seen[a.Unmap()] = live{bfdState(st.GetSessionState()), st.GetBfdAsync().GetTransmittedPackets(), st.GetBfdAsync().GetReceivedPackets()}
+	})
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for a, l := range seen {
+		s, ok := w.sessions[a]
+		if !ok {
+			// gobgp starts every session down. Every state has a
+			// count, zero included, so that metrics show the series
+			// before the first failure.
+			s = &BFDStatus{State: bfdDown, Transitions: map[string]uint64{}}
+			for _, st := range BFDStates {
+				s.Transitions[st] = 0
+			}
+			w.sessions[a] = s
+		}
+		s.PacketsSent, s.PacketsReceived = l.sent, l.recv
+		if l.state == s.State {
+			continue
+		}
+		switch {
+		case s.State == bfdUp:
+			// gobgp has reset the BGP session by now: the router
+			// withdraws this box's routes on its own BFD down.
+			w.log.Warn("BFD session down: the BGP session is reset", "peer", a, "state", l.state)
+		case l.state == bfdUp:
+			w.log.Info("BFD session up", "peer", a)
+		}
+		s.State, s.Since = l.state, now
+		s.Transitions[l.state]++
+	}
+	for a, s := range w.sessions {
+		if _, ok := seen[a]; !ok && s.State != bfdDown {
+			// Removed from the configuration (or BFD turned off).
+			s.State, s.Since = bfdDown, now
+			s.Transitions[bfdDown]++
+		}
+	}
+}
+
+// status copies the sessions' state.
+func (w *bfdWatch) status() map[netip.Addr]BFDStatus {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	out := make(map[netip.Addr]BFDStatus, len(w.sessions))
+	for a, s := range w.sessions {
+		c := *s
+		c.Transitions = maps.Clone(s.Transitions)
+		out[a] = c
+	}
+	return out
+}
+
+func (w *bfdWatch) stop() {
+	select {
+	case <-w.done:
+	default:
+		close(w.done)
+	}
+	w.wg.Wait()
+}
+
+func bfdState(s gapi.BfdSessionState) string {
+	switch s {
+	case gapi.BfdSessionState_BFD_SESSION_STATE_UP:
+		return bfdUp
+	case gapi.BfdSessionState_BFD_SESSION_STATE_INIT:
+		return bfdInit
+	case gapi.BfdSessionState_BFD_SESSION_STATE_ADMIN_DOWN:
+		return bfdAdminDown
+	}
+	return bfdDown
+}
