@@ -61,16 +61,23 @@ type bfdWatch struct {
 	restart func(netip.Addr)
 	done    chan struct{}
 	wg      sync.WaitGroup
-	// established is the BGP session state of each peer at the last
-	// poll; only the watcher's goroutine uses it.
-	established map[netip.Addr]bool
+	// bgp is the BGP session of each peer at the last poll; only the
+	// watcher's goroutine uses it.
+	bgp map[netip.Addr]bgpSession
 
 	mu       sync.Mutex
 	sessions map[netip.Addr]*BFDStatus
 }
 
+// bgpSession is what the watcher remembers of a BGP session: whether it
+// was established, and how many NOTIFICATIONs it had sent and received.
+type bgpSession struct {
+	up    bool
+	notes uint64
+}
+
 func watchBFD(srv *server.BgpServer, log *slog.Logger, restart func(netip.Addr)) *bfdWatch {
-	w := &bfdWatch{srv: srv, log: log, restart: restart, done: make(chan struct{}), established: map[netip.Addr]bool{}, sessions: map[netip.Addr]*BFDStatus{}}
+	w := &bfdWatch{srv: srv, log: log, restart: restart, done: make(chan struct{}), bgp: map[netip.Addr]bgpSession{}, sessions: map[netip.Addr]*BFDStatus{}}
 	w.wg.Add(1)
 	go func() {
 		defer w.wg.Done()
@@ -105,11 +112,17 @@ func (w *bfdWatch) poll(now time.Time) {
 			return
 		}
 		a = a.Unmap()
-		up := p.GetState().GetSessionState() == gapi.PeerState_SESSION_STATE_ESTABLISHED
-		if w.established[a] && !up {
+		msgs := p.GetState().GetMessages()
+		now := bgpSession{
+			up:    p.GetState().GetSessionState() == gapi.PeerState_SESSION_STATE_ESTABLISHED,
+			notes: msgs.GetSent().GetNotification() + msgs.GetReceived().GetNotification(),
+		}
+		// A session can come up and be torn down between two polls;
+		// its NOTIFICATION still shows in the counters.
+		if was, ok := w.bgp[a]; ok && (was.up && !now.up || now.notes != was.notes) {
 			restart = append(restart, a)
 		}
-		w.established[a] = up
+		w.bgp[a] = now
 	})
 	for _, a := range restart {
 		w.restart(a)
