@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"maps"
 	"net/netip"
+	"slices"
 	"sync"
 	"time"
 
@@ -56,9 +57,9 @@ type BFDStatus struct {
 type bfdWatch struct {
 	srv *server.BgpServer
 	log *slog.Logger
-	// restart starts a peer's BFD session afresh, if it has one (see
-	// poll).
-	restart func(netip.Addr)
+	// restart configures a peer afresh, if it has BFD, and says whether
+	// it did (see poll).
+	restart func(netip.Addr) bool
 	done    chan struct{}
 	wg      sync.WaitGroup
 	// bgp is the BGP session of each peer at the last poll; only the
@@ -76,7 +77,7 @@ type bgpSession struct {
 	notes uint64
 }
 
-func watchBFD(srv *server.BgpServer, log *slog.Logger, restart func(netip.Addr)) *bfdWatch {
+func watchBFD(srv *server.BgpServer, log *slog.Logger, restart func(netip.Addr) bool) *bfdWatch {
 	w := &bfdWatch{srv: srv, log: log, restart: restart, done: make(chan struct{}), bgp: map[netip.Addr]bgpSession{}, sessions: map[netip.Addr]*BFDStatus{}}
 	w.wg.Add(1)
 	go func() {
@@ -95,15 +96,16 @@ func watchBFD(srv *server.BgpServer, log *slog.Logger, restart func(netip.Addr))
 	return w
 }
 
-// poll reads the BFD and BGP sessions. A BFD session whose BGP session
-// went down is started afresh, to work around two behaviours that together
-// keep a recovered peer flapping forever: a router (BIRD) makes a new BFD
+// poll reads the BFD and BGP sessions. A peer whose BGP session went down,
+// or whose BFD session went down while the BGP session was down, is
+// configured afresh, to work around two behaviours that together keep a
+// recovered peer flapping forever: a router (BIRD) makes a new BFD
 // session, with a new discriminator, for each BGP session, and gobgp keeps
 // the old one bound and drops the new one's packets until its detection
 // time runs out; gobgp then resets the BGP session, and a reset while the
 // session is down is queued and kills the next session as soon as it is
-// established. A fresh gobgp BFD session accepts the router's new one at
-// once and never expires while the BGP session is down.
+// established. A fresh gobgp peer has a fresh BFD session, which accepts
+// the router's new one at once, and no queued reset.
 func (w *bfdWatch) poll(now time.Time) {
 	var restart []netip.Addr
 	_ = w.srv.ListPeer(context.Background(), &gapi.ListPeerRequest{}, func(p *gapi.Peer) {
@@ -124,13 +126,24 @@ func (w *bfdWatch) poll(now time.Time) {
 		}
 		w.bgp[a] = now
 	})
-	for _, a := range restart {
-		w.restart(a)
+	restart = append(restart, w.pollBFD(now)...)
+	for _, a := range slices.Compact(restart) {
+		if !w.restart(a) {
+			continue
+		}
+		// The fresh session starts down: not a transition to count.
+		w.mu.Lock()
+		if s, ok := w.sessions[a]; ok {
+			s.State = bfdDown
+		}
+		w.mu.Unlock()
 	}
-	w.pollBFD(now)
 }
 
-func (w *bfdWatch) pollBFD(now time.Time) {
+// pollBFD reads gobgp's BFD sessions and returns the peers whose session
+// went down while their BGP session was not established: gobgp's reset is
+// then queued for the next BGP session.
+func (w *bfdWatch) pollBFD(now time.Time) (restart []netip.Addr) {
 	type live struct {
 		state      string
 		sent, recv uint64
@@ -169,6 +182,9 @@ func (w *bfdWatch) pollBFD(now time.Time) {
 		case l.state == bfdUp:
 			w.log.Info("BFD session up", "peer", a)
 		}
+		if l.state == bfdDown && !w.bgp[a].up {
+			restart = append(restart, a)
+		}
 		s.State, s.Since = l.state, now
 		s.Transitions[l.state]++
 	}
@@ -179,6 +195,7 @@ func (w *bfdWatch) pollBFD(now time.Time) {
 			s.Transitions[bfdDown]++
 		}
 	}
+	return restart
 }
 
 // status copies the sessions' state.

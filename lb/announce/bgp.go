@@ -296,29 +296,33 @@ func (s *Speaker) addPeerLocked(p config.BGPPeer) error {
 	return nil
 }
 
-// restartBFD replaces gobgp's BFD session with the peer at a by a fresh
-// one (gobgp recreates it when its configuration changes: off, then on);
-// the BGP session is left alone.
-func (s *Speaker) restartBFD(a netip.Addr) {
+// restartBFD removes the peer at a from gobgp and adds it again, if it has
+// BFD and its BGP session is not established: the new one starts with a
+// fresh BFD session and no queued reset (see bfdWatch.poll).
+func (s *Speaker) restartBFD(a netip.Addr) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.stopped {
-		return
+	if s.stopped || !s.peered {
+		return false
 	}
 	for _, p := range s.cfg.Peers {
 		if p.Address != a || !p.BFD.Enabled {
 			continue
 		}
-		s.log.Info("BGP session down: starting its BFD session afresh", "peer", a)
-		off := s.peerOf(p)
-		off.Bfd = nil
-		for _, gp := range []*gapi.Peer{off, s.peerOf(p)} {
-			if _, err := s.srv.UpdatePeer(context.Background(), &gapi.UpdatePeerRequest{Peer: gp}); err != nil {
-				s.log.Error("restart the BFD session", "peer", a, "error", err)
-				return
-			}
+		up := false
+		_ = s.srv.ListPeer(context.Background(), &gapi.ListPeerRequest{Address: a.String()}, func(gp *gapi.Peer) {
+			up = gp.GetState().GetSessionState() == gapi.PeerState_SESSION_STATE_ESTABLISHED
+		})
+		if up {
+			return false
 		}
+		s.log.Info("BGP session down: configuring the peer afresh (new BFD session, no queued reset)", "peer", a)
+		if err := errors.Join(s.deletePeerLocked(a), s.addPeerLocked(p)); err != nil {
+			s.log.Error("configure the peer afresh", "peer", a, "error", err)
+		}
+		return true
 	}
+	return false
 }
 
 func (s *Speaker) deletePeerLocked(a netip.Addr) error {

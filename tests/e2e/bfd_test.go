@@ -18,12 +18,14 @@ import (
 	"github.com/l4lb/l4lb/tests/topo"
 )
 
-// bfdVIP is served by every backend and always healthy; bfdHealthVIP's
-// backends are stopped and started to time health-driven withdrawal.
-var (
-	bfdVIP       = netip.MustParseAddr("10.200.0.40")
-	bfdHealthVIP = netip.MustParseAddr("10.200.0.41")
-)
+// bfdVIP is served by every backend and always healthy.
+var bfdVIP = netip.MustParseAddr("10.200.0.40")
+
+// healthVIP is the VIP of service hwN, whose backends are stopped in
+// trial N to time health-driven withdrawal: one service per trial, because
+// the checker holds a backend down that changed state more than four times
+// in five minutes.
+func healthVIP(n int) netip.Addr { return netip.AddrFrom4([4]byte{10, 200, 0, byte(50 + n)}) }
 
 const bfdHealthPort = 8081
 
@@ -72,8 +74,11 @@ template bgp lb {
 }
 
 // bfdBoxConfig is an LB box with BFD on its session to the router, at
-// the default timers, and the same 30 s hold time as the router.
-func bfdBoxConfig(box *topo.Host) string {
+// the default timers, and the same 30 s hold time as the router. web's
+// checks ride out the second a blackholed box cannot reach its backends
+// (fall 8 at 250 ms), or the trials would take it down and hold it down
+// for flapping; hwN's fail after two probes, as a tight setting would.
+func bfdBoxConfig(box *topo.Host, trials int) string {
 	var b strings.Builder
 	b.WriteString(boxHead(fmt.Sprintf("[%q]", box.Addr4.String()+":9842"), "dsr", 1021))
 	fmt.Fprintf(&b, `
@@ -89,27 +94,9 @@ keepalive     = 10
 connect_retry = 1
 [bgp.peer.bfd]
 `, box.Addr4, topo.Prefix4)
-	for _, svc := range []struct {
-		name string
-		vip  netip.Addr
-		port int
-	}{{"web", bfdVIP, 80}, {"hw", bfdHealthVIP, bfdHealthPort}} {
-		fmt.Fprintf(&b, `
-[[service]]
-name = %q
-vip = "%s"
-port = %d
-protocol = "tcp"
-[service.health]
-type = "tcp"
-interval = "250ms"
-timeout = "200ms"
-rise = 2
-fall = 2
-`, svc.name, svc.vip, svc.port)
-		for n := 21; n <= 23; n++ {
-			fmt.Fprintf(&b, "[[service.backend]]\naddress = \"%s%d\"\n", topo.Prefix4, n)
-		}
+	checkedService(&b, "web", bfdVIP, 80, topo.Prefix4, 8)
+	for i := range trials {
+		checkedService(&b, fmt.Sprintf("hw%d", i), healthVIP(i), bfdHealthPort, topo.Prefix4, 2)
 	}
 	return b.String()
 }
@@ -171,26 +158,41 @@ func bfdLine(out string, addr netip.Addr) string {
 
 // TestBFDFailover fails an LB box in the ways BFD exists for, on the
 // scale-out rig (client → router running BIRD with BFD → two LB boxes →
-// DSR backends), with long flows running throughout: (a) l4lbd frozen
-// (SIGSTOP), (b) the box's link dropping every frame with its carrier up,
-// each repeated and timed from the failure to the route gone from the
-// router's kernel; (c) a planned restart, which must withdraw nothing;
-// (d) a service whose backends all fail, timed to its withdrawal. No long
+// DSR backends): (a) each trial stops every backend of one service, timed
+// to the route's withdrawal; then, with long flows running throughout,
+// (b) l4lbd frozen (SIGSTOP) and (c) the box's link dropping every frame
+// with its carrier up, each repeated and timed from the failure to the
+// route gone from the router's kernel, with BIRD saying BFD took it down;
+// (d) a planned restart under BIRD's `bfd on`, which withdraws the box for
+// the restart and fails no connection; (e) the same under `bfd graceful`,
+// which withdraws nothing (and keeps a frozen box's routes too). No long
 // flow may break. Durations are logged (MEASURE), never asserted.
 func TestBFDFailover(t *testing.T) {
 	bird.Require(t)
 	tp := topo.New(t, topo.Options{LBs: 2, Backends: 3, Router: true})
 	lb1, lb2 := tp.LBs[0], tp.LBs[1]
-	var healthServers []*topo.Server
+	trials := failoverTrials(t)
+	vips := []netip.Addr{bfdVIP}
+	for i := range trials {
+		vips = append(vips, healthVIP(i))
+	}
+	vipNames := make([]string, len(vips))
+	for i, v := range vips {
+		vipNames[i] = v.String()
+	}
+	// healthServers[i] are hw<i>'s servers, one per backend.
+	healthServers := make([][]*topo.Server, trials)
 	for _, be := range tp.Backends {
-		be.HoldVIPs(bfdVIP, bfdHealthVIP)
-		be.StartCompanion(l4lbd(), bfdVIP.String(), bfdHealthVIP.String())
+		be.HoldVIPs(vips...)
+		be.StartCompanion(l4lbd(), vipNames...)
 		be.Serve(netip.AddrPortFrom(bfdVIP, 80))
-		healthServers = append(healthServers, be.Serve(netip.AddrPortFrom(bfdHealthVIP, bfdHealthPort)))
+		for i := range trials {
+			healthServers[i] = append(healthServers[i], be.Serve(netip.AddrPortFrom(healthVIP(i), bfdHealthPort)))
+		}
 	}
 	dir := t.TempDir()
 	router := bird.Start(t, dir, tp.Router.NS, birdBFDConfig(dir, tp.LBs))
-	boxes := []*topo.L4LBD{lb1.StartL4LBD(l4lbd(), bfdBoxConfig(lb1)), lb2.StartL4LBD(l4lbd(), bfdBoxConfig(lb2))}
+	boxes := []*topo.L4LBD{lb1.StartL4LBD(l4lbd(), bfdBoxConfig(lb1, trials)), lb2.StartL4LBD(l4lbd(), bfdBoxConfig(lb2, trials))}
 	t.Cleanup(func() {
 		if t.Failed() {
 			for _, d := range boxes {
@@ -211,13 +213,31 @@ func TestBFDFailover(t *testing.T) {
 		t.Logf("l4lbctl bgp status on lb1:\n%s", out)
 	}
 
+	// Health first: the failures below make the boxes' own checks fail
+	// for a moment, which must not count against hwN's backends.
+	if !t.Run("a_health_withdrawal", func(t *testing.T) {
+		var took []time.Duration
+		for i := range trials {
+			waitFIB(t, tp, router, healthVIP(i), 60*time.Second, both...)
+			for _, s := range healthServers[i] {
+				s.Close()
+			}
+			down := time.Now()
+			gone := waitFIB(t, tp, router, healthVIP(i), 60*time.Second)
+			took = append(took, gone.Sub(down))
+			t.Logf("MEASURE health trial %d: every backend of hw%d down -> route withdrawn at the router: %s", i, i, gone.Sub(down).Round(time.Millisecond))
+		}
+		t.Logf("MEASURE health check tcp every 250ms, fall 2: every backend down -> route withdrawn: %s", durations(took))
+	}) {
+		return
+	}
+
 	flows, stopFlows := startLongFlows(t, tp, web, 24, 43000)
 	defer func() {
 		if stopFlows != nil {
 			stopFlows()
 		}
 	}()
-	trials := failoverTrials(t)
 
 	// fail takes a box out, trial after trial, and times the router's
 	// withdrawal; heal brings it back before the next trial.
@@ -242,7 +262,7 @@ func TestBFDFailover(t *testing.T) {
 		t.Logf("MEASURE %s, BFD 3x300ms, failure -> route withdrawn: %s", what, durations(took))
 	}
 
-	if !t.Run("a_frozen", func(t *testing.T) {
+	if !t.Run("b_frozen", func(t *testing.T) {
 		// SIGSTOP stops l4lbd, and with it the BFD and BGP speakers;
 		// the XDP program keeps forwarding whatever still reaches the
 		// box, so the box's flows work until the router moves them.
@@ -260,7 +280,7 @@ func TestBFDFailover(t *testing.T) {
 	}) {
 		return
 	}
-	if !t.Run("b_gone", func(t *testing.T) {
+	if !t.Run("c_gone", func(t *testing.T) {
 		var restore func()
 		failover(t, "link dropping every frame, carrier up",
 			func(d *topo.L4LBD) { restore = tp.Blackhole(d.Host) },
@@ -289,7 +309,7 @@ func TestBFDFailover(t *testing.T) {
 		}
 		return seen
 	}
-	if !t.Run("c_planned_restart_bfd_on", func(t *testing.T) {
+	if !t.Run("d_planned_restart_bfd_on", func(t *testing.T) {
 		// BIRD's `bfd on`: gobgp's BFD lives in l4lbd, so a restart
 		// silences it like a failure (gobgp sends no AdminDown, and
 		// BIRD 2.0 would count one as a failure too); BIRD closes the
@@ -307,7 +327,7 @@ func TestBFDFailover(t *testing.T) {
 	}) {
 		return
 	}
-	if !t.Run("c_planned_restart_bfd_graceful", func(t *testing.T) {
+	if !t.Run("e_planned_restart_bfd_graceful", func(t *testing.T) {
 		// BIRD's `bfd graceful`: a BFD down starts graceful restart
 		// instead, so a restart keeps the route; the price is that a
 		// frozen or dead box also keeps it, stale, for restart_time.
@@ -340,24 +360,6 @@ func TestBFDFailover(t *testing.T) {
 	}) {
 		return
 	}
-	t.Run("d_health_withdrawal", func(t *testing.T) {
-		var took []time.Duration
-		for i := range trials {
-			for _, s := range healthServers {
-				s.Close()
-			}
-			down := time.Now()
-			gone := waitFIB(t, tp, router, bfdHealthVIP, 60*time.Second)
-			took = append(took, gone.Sub(down))
-			t.Logf("MEASURE health trial %d: every backend down -> route withdrawn at the router: %s", i, gone.Sub(down).Round(time.Millisecond))
-			healthServers = healthServers[:0]
-			for _, be := range tp.Backends {
-				healthServers = append(healthServers, be.Serve(netip.AddrPortFrom(bfdHealthVIP, bfdHealthPort)))
-			}
-			waitFIB(t, tp, router, bfdHealthVIP, 60*time.Second, both...)
-		}
-		t.Logf("MEASURE health check tcp every 250ms, fall 2: every backend down -> route withdrawn: %s", durations(took))
-	})
 
 	stopFlows()
 	stopFlows = nil
@@ -371,4 +373,20 @@ func TestBFDFailover(t *testing.T) {
 		maxGap = max(maxGap, time.Duration(f.maxGap.Load()))
 	}
 	t.Logf("MEASURE %d long DSR flows through every failure: %d broken, longest pause %s", len(flows), broken, maxGap.Round(time.Millisecond))
+
+	t.Run("f_baseline_hold_timer", func(t *testing.T) {
+		// The same link failure with BFD off at the router: only the
+		// 30 s hold time notices it. After the long flows, which would
+		// not survive a pause that long.
+		router.Reconfigure(strings.ReplaceAll(birdBFDConfig(dir, tp.LBs), "bfd on;", ""))
+		waitFIB(t, tp, router, bfdVIP, 60*time.Second, both...)
+		for _, d := range boxes {
+			waitAdvertised(t, d, 60*time.Second)
+		}
+		start := time.Now()
+		restore := tp.Blackhole(lb1)
+		gone := waitFIB(t, tp, router, bfdVIP, 60*time.Second, lb2.Addr4)
+		restore()
+		t.Logf("MEASURE baseline, BFD off, hold time 30s: link dropping every frame -> route withdrawn: %s", gone.Sub(start).Round(time.Millisecond))
+	})
 }
