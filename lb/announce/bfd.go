@@ -107,6 +107,16 @@ func watchBFD(srv *server.BgpServer, log *slog.Logger, restart func(netip.Addr) 
 // established. A fresh gobgp peer has a fresh BFD session, which accepts
 // the router's new one at once, and no queued reset.
 func (w *bfdWatch) poll(now time.Time) {
+	// Without BFD there is nothing to follow: skip reading the BGP
+	// sessions, which costs a round trip through gobgp's main loop.
+	n := 0
+	w.srv.ListBfdPeer(context.Background(), func(string, *gapi.BfdPeerState) { n++ })
+	w.mu.Lock()
+	idle := n == 0 && len(w.sessions) == 0
+	w.mu.Unlock()
+	if idle {
+		return
+	}
 	var restart []netip.Addr
 	_ = w.srv.ListPeer(context.Background(), &gapi.ListPeerRequest{}, func(p *gapi.Peer) {
 		a, err := netip.ParseAddr(p.GetConf().GetNeighborAddress())
