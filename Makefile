@@ -35,7 +35,7 @@ GENERATED := $(wildcard bpf/*_bpfel.go bpf/*_bpfel.o)
 export L4LB_PRIVILEGED_TESTS := 1
 TESTFLAGS ?= -count=1 -timeout 30m
 
-.PHONY: all build check bench-control deps deps-demo deps-compare compare generate check-generate check-tidy kube-tools test test-unit lint demo bench bench-ab fuzz install uninstall deb clean
+.PHONY: all build check bench-control deps deps-demo deps-compare compare generate check-generate check-tidy kube-tools test test-unit lint demo bench failover bench-ab fuzz install uninstall deb clean
 
 all: build
 
@@ -178,6 +178,15 @@ fuzz: deps
 COMPARE_FLAGS ?=
 compare: deps-compare build
 	$(GO) run ./tests/compare -l4lbd $(BIN)/l4lbd -l4lbctl $(BIN)/l4lbctl $(COMPARE_FLAGS)
+
+# Box failure against BIRD with BFD, FAILOVER_TRIALS times each: frozen
+# l4lbd, link dropping frames with carrier up, health-driven withdrawal.
+# Prints the MEASURE lines (median, p99, min, max); docs/scale-out.md.
+FAILOVER_TRIALS ?= 10
+failover: deps
+	@mkdir -p $(BIN)
+	@L4LB_PRIVILEGED_TESTS=1 L4LB_FAILOVER_TRIALS=$(FAILOVER_TRIALS) $(GO) test ./tests/e2e -run 'TestBFDFailover' -v $(TESTFLAGS) >$(BIN)/failover.log 2>&1; \
+		rc=$$?; grep -E 'MEASURE|^(---|ok|FAIL|PASS)' $(BIN)/failover.log; echo "full log: $(BIN)/failover.log"; exit $$rc
 
 # The units name /usr/local binaries; installing under another PREFIX
 # rewrites those paths.

@@ -44,20 +44,34 @@ func printBGP(out io.Writer, b api.BGPStatus) error {
 	}
 	fmt.Fprintf(out, "AS %d, router id %s, graceful restart %s, on stop: %s\n\n", b.ASN, b.RouterID, gr, b.OnStop)
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "PEER\tAS\tSTATE\tSINCE\tGR\tADVERTISED\tUPDATES SENT\tUPDATES RECEIVED\tLAST ERROR")
+	fmt.Fprintln(tw, "PEER\tAS\tSTATE\tSINCE\tGR\tBFD\tADVERTISED\tUPDATES SENT\tUPDATES RECEIVED\tLAST ERROR")
 	for _, p := range b.Peers {
 		since := "-"
 		if !p.Since.IsZero() {
 			since = time.Since(p.Since).Round(time.Second).String()
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%d\t%d\t%d\t%s\n", p.Address, p.ASN, p.State, since, yesNo(p.GracefulRestart),
-			p.Advertised, p.UpdatesSent, p.UpdatesReceived, dash(p.LastError))
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\n", p.Address, p.ASN, p.State, since, yesNo(p.GracefulRestart),
+			bfdSummary(p.BFD), p.Advertised, p.UpdatesSent, p.UpdatesReceived, dash(p.LastError))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
 	fmt.Fprintln(out)
 	return printVIPs(out, b.VIPs)
+}
+
+// bfdSummary is a peer's BFD session in one cell: its state, the timers
+// (multiplier × receive interval is the detection time) and the failures
+// seen since l4lbd started, e.g. "up 3x300ms, 1 down".
+func bfdSummary(b *api.BFDSession) string {
+	if b == nil {
+		return "off"
+	}
+	s := fmt.Sprintf("%s %dx%s", b.State, b.DetectMultiplier, b.MinRxInterval)
+	if n := b.Transitions["down"]; n > 0 {
+		s += fmt.Sprintf(", %d down", n)
+	}
+	return s
 }
 
 func printVIPs(out io.Writer, vips []api.AnnouncedVIP) error {

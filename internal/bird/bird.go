@@ -138,3 +138,17 @@ func (r *Router) Logs() string {
 	}
 	return b.String()
 }
+
+// Reconfigure replaces BIRD's config with conf and applies it (`birdc
+// configure`); BIRD restarts only the protocols whose settings changed.
+func (r *Router) Reconfigure(conf string) {
+	r.t.Helper()
+	path := filepath.Join(r.Dir, "bird.conf")
+	if err := os.WriteFile(path, []byte(conf), 0o644); err != nil {
+		r.t.Fatalf("write %s: %v", path, err)
+	}
+	out, err := r.Show("configure")
+	if err != nil || !strings.Contains(out, "Reconfigured") {
+		r.t.Fatalf("birdc configure: %v\n%s\n%s", err, out, r.Logs())
+	}
+}

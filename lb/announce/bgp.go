@@ -51,6 +51,8 @@ type Speaker struct {
 	paths   map[netip.Addr]uuid.UUID // announced VIPs
 	peered  bool                     // peers added (after the first Set)
 	stopped bool
+
+	bfd *bfdWatch
 }
 
 // NewSpeaker starts the BGP server for cfg. No session is opened before the
@@ -101,7 +103,9 @@ func NewSpeaker(cfg *config.BGP, opts SpeakerOptions) (*Speaker, error) {
 		srv.Stop()
 		return nil, fmt.Errorf("bgp: set the import policy: %w", err)
 	}
-	return &Speaker{log: log, srv: srv, restarting: opts.Restarting, cfg: *cfg, paths: map[netip.Addr]uuid.UUID{}}, nil
+	sp := &Speaker{log: log, srv: srv, restarting: opts.Restarting, cfg: *cfg, paths: map[netip.Addr]uuid.UUID{}}
+	sp.bfd = watchBFD(srv, log, sp.restartBFD)
+	return sp, nil
 }
 
 // minLevel is the lowest level log lets through.
@@ -249,6 +253,17 @@ func (s *Speaker) peerOf(p config.BGPPeer) *gapi.Peer {
 	if p.Multihop > 0 {
 		gp.EbgpMultihop = &gapi.EbgpMultihop{Enabled: true, MultihopTtl: uint32(p.Multihop)}
 	}
+	if b := p.BFD; b.Enabled {
+		// gobgp's BFD resets the session (hard, with a NOTIFICATION)
+		// when the router stops answering; the router does the same on
+		// its side when this box does.
+		gp.Bfd = &gapi.BfdPeerConfig{
+			Enabled:                  true,
+			DetectionMultiplier:      uint32(b.DetectMultiplier),
+			RequiredMinimumReceive:   uint32(b.MinRxInterval / time.Microsecond),
+			DesiredMinimumTxInterval: uint32(b.MinTxInterval / time.Microsecond),
+		}
+	}
 	gr := s.cfg.GracefulRestart
 	if gr {
 		gp.GracefulRestart = &gapi.GracefulRestart{
@@ -279,6 +294,35 @@ func (s *Speaker) addPeerLocked(p config.BGPPeer) error {
 	}
 	s.log.Info("BGP peer configured", "peer", p.Address, "peer_asn", p.ASN)
 	return nil
+}
+
+// restartBFD removes the peer at a from gobgp and adds it again, if it has
+// BFD and its BGP session is not established: the new one starts with a
+// fresh BFD session and no queued reset (see bfdWatch.poll).
+func (s *Speaker) restartBFD(a netip.Addr) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stopped || !s.peered {
+		return false
+	}
+	for _, p := range s.cfg.Peers {
+		if p.Address != a || !p.BFD.Enabled {
+			continue
+		}
+		up := false
+		_ = s.srv.ListPeer(context.Background(), &gapi.ListPeerRequest{Address: a.String()}, func(gp *gapi.Peer) {
+			up = gp.GetState().GetSessionState() == gapi.PeerState_SESSION_STATE_ESTABLISHED
+		})
+		if up {
+			return false
+		}
+		s.log.Info("BGP session down: configuring the peer afresh (new BFD session, no queued reset)", "peer", a)
+		if err := errors.Join(s.deletePeerLocked(a), s.addPeerLocked(p)); err != nil {
+			s.log.Error("configure the peer afresh", "peer", a, "error", err)
+		}
+		return true
+	}
+	return false
 }
 
 func (s *Speaker) deletePeerLocked(a netip.Addr) error {
@@ -384,6 +428,7 @@ func (s *Speaker) Stop(action config.StopAction, drain time.Duration) {
 		s.log.Error("stop BGP", "error", err)
 	}
 	s.srv.Stop()
+	s.bfd.stop()
 }
 
 // PeerStatus is the state of one BGP session.
@@ -405,6 +450,8 @@ type PeerStatus struct {
 	GracefulRestart bool
 	// LastError says why the session last went down.
 	LastError string
+	// BFD is the state of the peer's BFD session; nil when BFD is off.
+	BFD *BFDStatus
 }
 
 // SpeakerStatus is what the speaker announces and to whom.
@@ -432,10 +479,21 @@ func (s *Speaker) Status() SpeakerStatus {
 			live[p.GetConf().GetNeighborAddress()] = p
 		})
 	}
+	bfd := s.bfd.status()
 	for _, p := range peers {
 		ps := PeerStatus{Address: p.Address, ASN: p.ASN, State: "idle"}
 		if gp, ok := live[p.Address.String()]; ok {
 			fillPeer(&ps, gp)
+		}
+		if p.BFD.Enabled {
+			b := bfd[p.Address]
+			if b.State == "" {
+				// Not registered with gobgp's BFD yet (before the
+				// first Set) or any more (stopped).
+				b.State = bfdDown
+			}
+			b.DetectMultiplier, b.MinRxInterval, b.MinTxInterval = p.BFD.DetectMultiplier, p.BFD.MinRxInterval, p.BFD.MinTxInterval
+			ps.BFD = &b
 		}
 		st.Peers = append(st.Peers, ps)
 	}

@@ -81,6 +81,27 @@ type BGPPeer struct {
 	// GracefulRestart is true when both sides negotiated it.
 	GracefulRestart bool   `json:"graceful_restart"`
 	LastError       string `json:"last_error,omitempty"`
+	// BFD is the peer's BFD session; absent when BFD is off for it.
+	BFD *BFDSession `json:"bfd,omitempty"`
+}
+
+// BFDSession is the state of one peer's BFD session.
+type BFDSession struct {
+	// State is up, down, init or admin_down.
+	State string `json:"state"`
+	// Since is when State began, if it changed since l4lbd started.
+	Since time.Time `json:"since,omitzero"`
+	// Transitions counts the entries into each state since l4lbd started.
+	Transitions map[string]uint64 `json:"transitions"`
+	// PacketsSent and PacketsReceived count the current session's control
+	// packets.
+	PacketsSent     uint64 `json:"packets_sent"`
+	PacketsReceived uint64 `json:"packets_received"`
+	// DetectMultiplier, MinRxInterval and MinTxInterval are the
+	// configured timers; the intervals as Go durations ("300ms").
+	DetectMultiplier uint8  `json:"detect_multiplier"`
+	MinRxInterval    string `json:"min_rx_interval"`
+	MinTxInterval    string `json:"min_tx_interval"`
 }
 
 // AnnouncedVIP is the announcement decision about one VIP.

@@ -21,6 +21,14 @@ const (
 	defaultMinHealthy      = 1
 	defaultFleetKVPrefix   = "l4lb/fleet/"
 	defaultFleetSessionTTL = 15 * time.Second
+	// BFD: a peer that stops answering is down after 3 × 300 ms.
+	defaultBFDMultiplier = 3
+	defaultBFDInterval   = 300 * time.Millisecond
+	// BFD intervals outside these bounds are typos: below 10 ms a busy
+	// host misses packets and flaps, above a minute the hold timer is as
+	// fast. The wire carries microseconds.
+	minBFDInterval = 10 * time.Millisecond
+	maxBFDInterval = time.Minute
 	// maxMinHealthy bounds announce_min_healthy: more than a service can
 	// have backends is a typo.
 	maxMinHealthy = 65536
@@ -121,6 +129,30 @@ type BGPPeer struct {
 	Passive bool
 	// IPv4 and IPv6 are the unicast families announced on the session.
 	IPv4, IPv6 bool
+	// BFD is the liveness check of the session ([bgp.peer.bfd]).
+	BFD BFD
+}
+
+// BFD holds the settings of single-hop asynchronous BFD (RFC 5880, 5881)
+// with one peer: the router learns within DetectMultiplier × MinRxInterval
+// that this box stopped answering, and drops its routes, instead of
+// waiting for the hold time. The router must run BFD for this address too.
+type BFD struct {
+	Enabled bool
+	// DetectMultiplier is how many intervals without a packet take the
+	// session down.
+	DetectMultiplier uint8
+	// MinRxInterval is the shortest interval at which this box accepts
+	// the peer's packets, MinTxInterval the one at which it wants to send
+	// its own; each side's detection time uses the slower of the two.
+	MinRxInterval, MinTxInterval time.Duration
+}
+
+// DetectionTime is how long the peer may stay silent before this side
+// takes the session down (the peer's detection time uses its own
+// multiplier and the slower of our transmit and its receive interval).
+func (b BFD) DetectionTime() time.Duration {
+	return time.Duration(b.DetectMultiplier) * b.MinRxInterval
 }
 
 // L2 holds the settings of L2 announcement ([l2]): answering ARP and
@@ -348,7 +380,40 @@ func (c *checker) peer(s scope, r *rawPeer, b *BGP) (BGPPeer, bool) {
 	if ok && p.Address.Is6() && p.IPv4 && !b.NextHop4.IsValid() {
 		s.errorf("families", "%s announces IPv4 VIPs over an IPv6 session: set bgp.next_hop_ipv4 to this box's IPv4 address, or peer over IPv4", s.name("families"))
 	}
+	p.BFD = bfd(s.sub("bfd"), r.BFD, p.Multihop)
 	return p, ok
+}
+
+// bfd validates [bgp.peer.bfd]. Absent means off; present means on unless
+// enabled = false, so that a table of timers alone turns BFD on.
+func bfd(s scope, r *rawBFD, multihop uint8) BFD {
+	if r == nil {
+		return BFD{}
+	}
+	f := BFD{Enabled: true, DetectMultiplier: defaultBFDMultiplier, MinRxInterval: defaultBFDInterval, MinTxInterval: defaultBFDInterval}
+	if v, ok := s.boolean("enabled", r.Enabled); ok {
+		f.Enabled = v
+	}
+	if n, ok := s.intIn("detect_multiplier", r.DetectMultiplier, 1, 255, fmt.Sprintf("use 1..255 (default %d)", defaultBFDMultiplier)); ok {
+		f.DetectMultiplier = uint8(n)
+	}
+	interval := func(key string, v any, into *time.Duration) {
+		d, ok := s.duration(key, v)
+		if !ok {
+			return
+		}
+		if d < minBFDInterval || d > maxBFDInterval || d%time.Microsecond != 0 {
+			s.errorf(key, "%s = %q is out of range: use %s..%s in whole microseconds (default %s)", s.name(key), v, minBFDInterval, maxBFDInterval, defaultBFDInterval)
+			return
+		}
+		*into = d
+	}
+	interval("min_rx_interval", r.MinRxInterval, &f.MinRxInterval)
+	interval("min_tx_interval", r.MinTxInterval, &f.MinTxInterval)
+	if f.Enabled && multihop > 0 {
+		s.errorf("enabled", "%s: BFD runs single-hop only (RFC 5881), but this peer is multihop = %d: remove [bgp.peer.bfd] or peer with a directly connected router", s.name("enabled"), multihop)
+	}
+	return f
 }
 
 // asn converts an AS number: 1..4294967294; 0 and 4294967295 are reserved

@@ -178,6 +178,15 @@ type rawPeer struct {
 	Multihop     any `toml:"multihop"`
 	Passive      any `toml:"passive"`
 	Families     any `toml:"families"`
+	// BFD is [bgp.peer.bfd].
+	BFD *rawBFD `toml:"bfd"`
+}
+
+type rawBFD struct {
+	Enabled          any `toml:"enabled"`
+	DetectMultiplier any `toml:"detect_multiplier"`
+	MinRxInterval    any `toml:"min_rx_interval"`
+	MinTxInterval    any `toml:"min_tx_interval"`
 }
 
 type rawL2 struct {

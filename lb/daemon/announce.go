@@ -212,11 +212,19 @@ func (d *Daemon) bgpStatus(v *view) *api.BGPStatus {
 		GracefulRestart: v.cfg.BGP.GracefulRestart, OnStop: v.cfg.BGP.OnStop.String(),
 	}
 	for _, p := range st.Peers {
-		out.Peers = append(out.Peers, api.BGPPeer{
+		ap := api.BGPPeer{
 			Address: p.Address.String(), ASN: p.ASN, State: p.State, Up: p.Up, Since: p.Since,
 			UpdatesSent: p.UpdatesSent, UpdatesReceived: p.UpdatesReceived, Advertised: p.Advertised,
 			GracefulRestart: p.GracefulRestart, LastError: p.LastError,
-		})
+		}
+		if b := p.BFD; b != nil {
+			ap.BFD = &api.BFDSession{
+				State: b.State, Since: b.Since, Transitions: b.Transitions,
+				PacketsSent: b.PacketsSent, PacketsReceived: b.PacketsReceived,
+				DetectMultiplier: b.DetectMultiplier, MinRxInterval: b.MinRxInterval.String(), MinTxInterval: b.MinTxInterval.String(),
+			}
+		}
+		out.Peers = append(out.Peers, ap)
 	}
 	return out
 }

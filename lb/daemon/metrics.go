@@ -104,7 +104,11 @@ func (d *Daemon) Snapshot() metrics.Snapshot {
 	if b := d.bgpStatus(v); b != nil {
 		mb := &metrics.BGP{Announced: announcedCount(b.VIPs)}
 		for _, p := range b.Peers {
-			mb.Peers = append(mb.Peers, metrics.BGPPeer{Address: p.Address, Up: p.Up, Advertised: p.Advertised, UpdatesSent: p.UpdatesSent, UpdatesReceived: p.UpdatesReceived})
+			mp := metrics.BGPPeer{Address: p.Address, Up: p.Up, Advertised: p.Advertised, UpdatesSent: p.UpdatesSent, UpdatesReceived: p.UpdatesReceived}
+			if b := p.BFD; b != nil {
+				mp.BFD = &metrics.BFD{Up: b.State == "up", Transitions: b.Transitions}
+			}
+			mb.Peers = append(mb.Peers, mp)
 		}
 		snap.BGP = mb
 	}

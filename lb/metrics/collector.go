@@ -3,7 +3,9 @@
 package metrics
 
 import (
+	"maps"
 	"net/netip"
+	"slices"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -120,6 +122,10 @@ var (
 		"BGP UPDATE messages sent to the peer (announcements and withdrawals) since its session came up.", []string{labelPeer}, nil)
 	descBGPUpdatesReceived = prometheus.NewDesc("l4lb_bgp_updates_received_total",
 		"BGP UPDATE messages received from the peer since its session came up.", []string{labelPeer}, nil)
+	descBFDUp = prometheus.NewDesc("l4lb_bgp_peer_bfd_up",
+		"1 while the BFD session with the peer is up, 0 otherwise; absent for peers without BFD.", []string{labelPeer}, nil)
+	descBFDTransitions = prometheus.NewDesc("l4lb_bgp_peer_bfd_transitions_total",
+		"Times the BFD session with the peer entered the state (up, down, init, admin_down) since l4lbd started; a rising down count is a box or link failing, or a flap.", []string{labelPeer, "state"}, nil)
 
 	descL2Announced = prometheus.NewDesc("l4lb_l2_announced_vips",
 		"VIPs whose ARP requests and neighbour solicitations this box answers.", nil, nil)
@@ -146,7 +152,7 @@ var allDescs = []*prometheus.Desc{
 	descConntrackEntries, descConntrackCapacity, descSNATEntries, descSNATCapacity,
 	descMapEntries, descMapCapacity,
 	descDiscoverySync, descDiscoveryServices, descConflicting, descRefused,
-	descPendingRestart, descSeedInfo, descBGPAnnounced, descBGPPeerUp, descBGPPeerAdvertised, descBGPUpdatesSent, descBGPUpdatesReceived,
+	descPendingRestart, descSeedInfo, descBGPAnnounced, descBGPPeerUp, descBGPPeerAdvertised, descBGPUpdatesSent, descBGPUpdatesReceived, descBFDUp, descBFDTransitions,
 	descL2Announced, descL2Replies, descL2Gratuitous, descFleetBoxes, descFleetMismatch,
 	descScrapeError,
 }
@@ -354,6 +360,12 @@ func (e emitter) announce(s Snapshot) {
 			e.gauge(descBGPPeerAdvertised, float64(p.Advertised), p.Address)
 			e.counter(descBGPUpdatesSent, p.UpdatesSent, p.Address)
 			e.counter(descBGPUpdatesReceived, p.UpdatesReceived, p.Address)
+			if b := p.BFD; b != nil {
+				e.gauge(descBFDUp, boolValue(b.Up), p.Address)
+				for _, st := range slices.Sorted(maps.Keys(b.Transitions)) {
+					e.counter(descBFDTransitions, b.Transitions[st], p.Address, st)
+				}
+			}
 		}
 	}
 	if l := s.L2; l != nil {

@@ -351,7 +351,8 @@ func announceSnapshot() Snapshot {
 	return Snapshot{
 		SeedFingerprint: "a1b2c3d4e5f6",
 		BGP: &BGP{Announced: 2, Peers: []BGPPeer{
-			{Address: "10.0.0.1", Up: true, Advertised: 2, UpdatesSent: 5, UpdatesReceived: 1},
+			{Address: "10.0.0.1", Up: true, Advertised: 2, UpdatesSent: 5, UpdatesReceived: 1,
+				BFD: &BFD{Up: true, Transitions: map[string]uint64{"up": 2, "down": 1, "init": 2, "admin_down": 0}}},
 			{Address: "2001:db8::1", Up: false},
 		}},
 		L2:    &L2{Announced: 1, Interfaces: []L2Interface{{Name: "eth0", ARPReplies: 7, NDReplies: 3, Gratuitous: 4}}},
@@ -367,6 +368,15 @@ l4lb_bgp_announced_prefixes 2
 # TYPE l4lb_bgp_peer_advertised_prefixes gauge
 l4lb_bgp_peer_advertised_prefixes{peer="10.0.0.1"} 2
 l4lb_bgp_peer_advertised_prefixes{peer="2001:db8::1"} 0
+# HELP l4lb_bgp_peer_bfd_transitions_total Times the BFD session with the peer entered the state (up, down, init, admin_down) since l4lbd started; a rising down count is a box or link failing, or a flap.
+# TYPE l4lb_bgp_peer_bfd_transitions_total counter
+l4lb_bgp_peer_bfd_transitions_total{peer="10.0.0.1",state="admin_down"} 0
+l4lb_bgp_peer_bfd_transitions_total{peer="10.0.0.1",state="down"} 1
+l4lb_bgp_peer_bfd_transitions_total{peer="10.0.0.1",state="init"} 2
+l4lb_bgp_peer_bfd_transitions_total{peer="10.0.0.1",state="up"} 2
+# HELP l4lb_bgp_peer_bfd_up 1 while the BFD session with the peer is up, 0 otherwise; absent for peers without BFD.
+# TYPE l4lb_bgp_peer_bfd_up gauge
+l4lb_bgp_peer_bfd_up{peer="10.0.0.1"} 1
 # HELP l4lb_bgp_peer_up 1 while the BGP session with the peer is established, 0 otherwise.
 # TYPE l4lb_bgp_peer_up gauge
 l4lb_bgp_peer_up{peer="10.0.0.1"} 1

@@ -109,6 +109,15 @@ type BGPPeer struct {
 	Advertised      uint64
 	UpdatesSent     uint64
 	UpdatesReceived uint64
+	// BFD is the peer's BFD session; nil when BFD is off for it.
+	BFD *BFD
+}
+
+// BFD is one peer's BFD session.
+type BFD struct {
+	Up bool
+	// Transitions counts the entries into each state (the state label).
+	Transitions map[string]uint64
 }
 
 // L2 is the ARP/NDP responder's state.

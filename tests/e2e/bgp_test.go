@@ -89,7 +89,15 @@ restart_time = 60
 		port   int
 		prefix string
 	}{{"web", bgpVIP, 80, topo.Prefix4}, {"web6", bgpVIP6, 80, topo.Prefix6}, {"flap", flapVIP, flapPort, topo.Prefix4}} {
-		fmt.Fprintf(&b, `
+		checkedService(&b, svc.name, svc.vip, svc.port, svc.prefix, 2)
+	}
+	return b.String()
+}
+
+// checkedService writes a TCP service on vip:port whose backends are .21
+// to .23 of prefix, checked every 250 ms, down after fall failed probes.
+func checkedService(b *strings.Builder, name string, vip netip.Addr, port int, prefix string, fall int) {
+	fmt.Fprintf(b, `
 [[service]]
 name = %q
 vip = "%s"
@@ -100,13 +108,11 @@ type = "tcp"
 interval = "250ms"
 timeout = "200ms"
 rise = 2
-fall = 2
-`, svc.name, svc.vip, svc.port)
-		for n := 21; n <= 23; n++ {
-			fmt.Fprintf(&b, "[[service.backend]]\naddress = \"%s%d\"\n", svc.prefix, n)
-		}
+fall = %d
+`, name, vip, port, fall)
+	for n := 21; n <= 23; n++ {
+		fmt.Fprintf(b, "[[service.backend]]\naddress = \"%s%d\"\n", prefix, n)
 	}
-	return b.String()
 }
 
 // fib reads the router's kernel route to a VIP: its next hops, none when

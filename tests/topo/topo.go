@@ -282,3 +282,46 @@ func (h *Host) RxPackets() uint64 {
 	t.Helper()
 	return h.NS.Link(t, h.Iface).Attrs().Statistics.RxPackets
 }
+
+// Blackhole makes the switch drop every frame to and from h while h's link
+// keeps its carrier, as when a box loses power behind a switch port that
+// stays up, or a cable fails one way: nothing on either side sees the link
+// go down, so only a liveness protocol (BFD, the BGP hold timer) notices.
+// The returned function restores the link; the test's end does too.
+func (tp *Topology) Blackhole(h *Host) (restore func()) {
+	t := tp.T
+	t.Helper()
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
+		Type:         ebpf.SchedCLS,
+		License:      "Dual BSD/GPL",
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 2 /* TC_ACT_SHOT */), asm.Return()},
+	})
+	if err != nil {
+		t.Fatalf("tc drop program: %v", err)
+	}
+	defer prog.Close()
+	iface := "p-" + h.Name
+	idx := tp.Switch.Link(t, iface).Attrs().Index
+	var links []link.Link
+	restore = func() {
+		for _, l := range links {
+			l.Close()
+		}
+		links = nil
+	}
+	for _, at := range []ebpf.AttachType{ebpf.AttachTCXIngress, ebpf.AttachTCXEgress} {
+		var l link.Link
+		err := tp.Switch.Do(func() error {
+			var err error
+			l, err = link.AttachTCX(link.TCXOptions{Interface: idx, Program: prog, Attach: at})
+			return err
+		})
+		if err != nil {
+			restore()
+			t.Fatalf("attach tc drop to %s (%s): %v", iface, at, err)
+		}
+		links = append(links, l)
+	}
+	t.Cleanup(restore)
+	return restore
+}
