@@ -175,6 +175,8 @@ type LB struct {
 	// legacy are maps an earlier l4lbd pinned under old names, until
 	// Retire (migrate.go).
 	legacy []legacyMap
+	// tombs are the empty tables DeleteTables left (readback.go).
+	tombs tombstones
 }
 
 // closeLegacy releases the old-named maps without unpinning them.

@@ -239,6 +239,18 @@ func (d *LB) SetBackend(id reconciler.BackendID, b reconciler.Backend) error {
 	if uint32(id) == 0 || uint32(id) > d.cfg.MaxBackends {
 		return fmt.Errorf("backend id %d out of range 1..%d", id, d.cfg.MaxBackends)
 	}
+	v := backendValue(b)
+	// Its route before the entry that makes it reachable.
+	d.nh.add(uint32(id), b.Addr.Addr())
+	key := uint32(id)
+	if err := d.backends.Update(&key, &v, ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("write backend %d (%s): %w", id, b.Addr, err)
+	}
+	return d.cache.bump()
+}
+
+// backendValue is the backend map's value for b.
+func backendValue(b reconciler.Backend) bpf.LbBackend {
 	v := bpf.LbBackend{
 		Addr:  b.Addr.Addr().As16(),
 		Port:  htons(b.Addr.Port()),
@@ -258,13 +270,7 @@ func (d *LB) SetBackend(id reconciler.BackendID, b reconciler.Backend) error {
 		// affinity away from it; no Maglev table names it.
 		v.Flags = bpf.LbL4lbBackendFlagsL4LB_BACKEND_DRAINING
 	}
-	// Its route before the entry that makes it reachable.
-	d.nh.add(uint32(id), b.Addr.Addr())
-	key := uint32(id)
-	if err := d.backends.Update(&key, &v, ebpf.UpdateAny); err != nil {
-		return fmt.Errorf("write backend %d (%s): %w", id, b.Addr, err)
-	}
-	return d.cache.bump()
+	return v
 }
 
 // DeleteBackend clears the backend entry at id (an array slot cannot be
@@ -462,6 +468,7 @@ func (d *LB) DeleteTables(svcs []reconciler.ServiceID) []error {
 		return errs
 	}
 	defer tomb.Close()
+	d.tombs.add(tomb)
 	keys := make([]uint32, len(svcs))
 	inners := make([]*ebpf.Map, len(svcs))
 	for i, svc := range svcs {

@@ -56,9 +56,9 @@ type Reader interface {
 	// frontend is the zero value), the table in slot want[i].ID and the
 	// backend entries at the ids of want[i].Backends.
 	ReadServices(want []Expected) ([]Found, error)
-	// ReadTableSlots returns the ids in [lo, hi) whose Maglev slot holds a
-	// table, in order.
-	ReadTableSlots(lo, hi ServiceID) ([]ServiceID, error)
+	// ReadStrayTables returns those of ids whose Maglev slot holds a
+	// table, in order. The ids are those no service holds.
+	ReadStrayTables(ids []ServiceID) ([]ServiceID, error)
 	// ReadBackends returns the backend entries in use at ids in [lo, hi),
 	// in order.
 	ReadBackends(lo, hi BackendID) ([]BackendEntry, error)
@@ -152,6 +152,7 @@ type Check struct {
 
 	want  []Expected
 	owned []*service
+	ids   []ServiceID
 }
 
 // The phases of a Check.
@@ -270,14 +271,21 @@ func (c *Check) services(lo, hi ServiceID) ([]Drift, error) {
 			drifts = append(drifts, c.repair(c.owned[i], &c.want[i], &found[i])...)
 		}
 	}
-	slots, err := c.rd.ReadTableSlots(lo, hi)
+	c.ids = c.ids[:0]
+	for id := lo; id < hi; id++ {
+		// A service's own slot is compared by repair.
+		if r.byID[id] == nil {
+			c.ids = append(c.ids, id)
+		}
+	}
+	if len(c.ids) == 0 {
+		return drifts, nil
+	}
+	slots, err := c.rd.ReadStrayTables(c.ids)
 	if err != nil {
 		return drifts, fmt.Errorf("self-check: read Maglev slots %d..%d: %w", lo, hi-1, err)
 	}
 	for _, id := range slots {
-		if v := r.byID[id]; v != nil && v.hasTable {
-			continue
-		}
 		d := Drift{Map: MapMaglev, ID: uint32(id), Found: "a table", Want: "none (no service holds the id)"}
 		d.Err = r.dp.DeleteTable(id)
 		drifts = append(drifts, d)
@@ -299,7 +307,7 @@ func (c *Check) repair(v *service, e *Expected, f *Found) []Drift {
 		if k >= len(f.BackendWas) || f.BackendWas[k] == "" {
 			continue
 		}
-		d := drift(MapBackends, uint32(b.ID), f.BackendWas[k], fmt.Sprintf("%s of service id %d, %s", b.Addr, b.Service, b.State))
+		d := drift(MapBackends, uint32(b.ID), f.BackendWas[k], DescribeBackend(b.Backend))
 		d.Err = r.dp.SetBackend(b.ID, b.Backend)
 	}
 	var tableErr error
@@ -321,7 +329,7 @@ func (c *Check) repair(v *service, e *Expected, f *Found) []Drift {
 	}
 	if f.EntryDrift != "" {
 		if e.Entry != nil {
-			d := drift(f.EntryDrift, uint32(v.id), f.EntryWas, describeEntry(v.id, e.Entry))
+			d := drift(f.EntryDrift, uint32(v.id), f.EntryWas, DescribeEntry(v.id, *e.Entry))
 			if tableErr != nil {
 				// Never an entry without its table: the next check
 				// writes both.
@@ -337,9 +345,14 @@ func (c *Check) repair(v *service, e *Expected, f *Found) []Drift {
 	return drifts
 }
 
-// describeEntry says what a service entry holds, for a Drift.
-func describeEntry(id ServiceID, s *lb.Service) string {
+// DescribeEntry says what a service entry under id holds, for a Drift.
+func DescribeEntry(id ServiceID, s lb.Service) string {
 	return fmt.Sprintf("id %d, mode %s, dispatch %s, table_size %d, %s, source ranges %v", id, s.Mode, s.Dispatch, s.TableSize, s.Algorithm, s.SourceRanges)
+}
+
+// DescribeBackend says what a backend entry holds, for a Drift.
+func DescribeBackend(b Backend) string {
+	return fmt.Sprintf("%s of service id %d, %s", b.Addr, b.Service, b.State)
 }
 
 // tableDiff says how table got differs from want, for a Drift.
@@ -373,7 +386,7 @@ func (c *Check) backends(lo, hi BackendID) ([]Drift, error) {
 			// Compared with its service's record in the first phase.
 			continue
 		}
-		d := Drift{Map: MapBackends, ID: uint32(b.ID), Found: fmt.Sprintf("%s of service id %d, %s", b.Addr, b.Service, b.State), Want: "no entry (no service holds the id)"}
+		d := Drift{Map: MapBackends, ID: uint32(b.ID), Found: DescribeBackend(b.Backend), Want: "no entry (no service holds the id)"}
 		d.Err = r.dp.DeleteBackend(b.ID)
 		drifts = append(drifts, d)
 	}

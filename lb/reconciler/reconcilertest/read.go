@@ -27,9 +27,9 @@ func (f *Fake) ReadServices(want []reconciler.Expected) ([]reconciler.Found, err
 			case !ok && w.Entry != nil:
 				o.EntryDrift, o.EntryWas = reconciler.MapServices, "no entry"
 			case ok && w.Entry == nil:
-				o.EntryDrift, o.EntryWas = reconciler.MapServices, fmt.Sprintf("id %d: %s", e.id, formatEntry(e.svc))
+				o.EntryDrift, o.EntryWas = reconciler.MapServices, reconciler.DescribeEntry(e.id, e.svc)
 			case ok && (e.id != w.ID || !sameEntry(e.svc, *w.Entry)):
-				o.EntryDrift, o.EntryWas = reconciler.MapServices, fmt.Sprintf("id %d: %s", e.id, formatEntry(e.svc))
+				o.EntryDrift, o.EntryWas = reconciler.MapServices, reconciler.DescribeEntry(e.id, e.svc)
 				if e.id == w.ID && sameEntry(withRanges(e.svc, w.Entry.SourceRanges), *w.Entry) {
 					o.EntryDrift = reconciler.MapSourceRanges
 				}
@@ -45,7 +45,7 @@ func (f *Fake) ReadServices(want []reconciler.Expected) ([]reconciler.Found, err
 			case !ok:
 				o.BackendWas[k] = "no entry"
 			case got != b.Backend:
-				o.BackendWas[k] = fmt.Sprintf("%s of service id %d, %s", got.Addr, got.Service, got.State)
+				o.BackendWas[k] = reconciler.DescribeBackend(got)
 			}
 		}
 	}
@@ -62,13 +62,13 @@ func sameEntry(a, b lb.Service) bool {
 	return formatEntry(a) == formatEntry(b)
 }
 
-// ReadTableSlots implements reconciler.Reader.
-func (f *Fake) ReadTableSlots(lo, hi reconciler.ServiceID) ([]reconciler.ServiceID, error) {
+// ReadStrayTables implements reconciler.Reader.
+func (f *Fake) ReadStrayTables(ids []reconciler.ServiceID) ([]reconciler.ServiceID, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	var out []reconciler.ServiceID
-	for _, id := range slices.Sorted(maps.Keys(f.tables)) {
-		if id >= lo && id < hi {
+	for _, id := range ids {
+		if _, ok := f.tables[id]; ok {
 			out = append(out, id)
 		}
 	}

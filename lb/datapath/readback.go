@@ -1,0 +1,290 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package datapath
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"net/netip"
+	"sync"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/l4lb/l4lb/bpf"
+	"github.com/l4lb/l4lb/lb"
+	"github.com/l4lb/l4lb/lb/reconciler"
+)
+
+// The reconciler's self-check (reconciler.Check) reads the maps the control
+// plane owns back through these methods: service entries, source ranges,
+// backend entries and the Maglev tables. It never reads the maps the
+// programs own (connection table, SNAT tables, affinity, counters, caches),
+// whose contents change with every packet and are nobody's record.
+
+var _ reconciler.Reader = (*LB)(nil)
+
+// tombstones remembers the map ids of the empty tables DeleteTables left in
+// slots, so that the self-check need not open a slot's map to learn that it
+// holds no table (opening a map by id needs CAP_SYS_ADMIN).
+type tombstones struct {
+	mu  sync.Mutex
+	ids map[ebpf.MapID]bool
+}
+
+func (t *tombstones) add(m *ebpf.Map) {
+	info, err := m.Info()
+	if err != nil {
+		return
+	}
+	id, ok := info.ID()
+	if !ok {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.ids == nil {
+		t.ids = map[ebpf.MapID]bool{}
+	}
+	t.ids[id] = true
+}
+
+func (t *tombstones) has(id ebpf.MapID) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.ids[id]
+}
+
+// ReadServices implements reconciler.Reader. It also makes the datapath's
+// own copy of the source ranges (rangeCache) what the trie holds, so that a
+// SetService that repairs a service adds the prefixes someone deleted and
+// deletes those someone added.
+func (d *LB) ReadServices(want []reconciler.Expected) ([]reconciler.Found, error) {
+	ranges, err := d.resyncRanges()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]reconciler.Found, len(want))
+	for i := range want {
+		if err := d.readService(&want[i], &out[i], ranges); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+func (d *LB) readService(w *reconciler.Expected, o *reconciler.Found, ranges map[uint32]map[bpf.LbSrcRangeKey]bool) error {
+	if w.Frontend.Addr.IsValid() {
+		k := svcKey(w.Frontend)
+		var v bpf.LbSvcValue
+		err := d.services.Lookup(&k, &v)
+		found := err == nil
+		if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("read service entry %s: %w", w.Frontend, err)
+		}
+		was := func() string {
+			return reconciler.DescribeEntry(reconciler.ServiceID(v.Id), entryFromMap(k, v, keysOf(ranges[v.Id])))
+		}
+		switch {
+		case !found && w.Entry != nil:
+			o.EntryDrift, o.EntryWas = reconciler.MapServices, "no entry"
+		case found && w.Entry == nil:
+			o.EntryDrift, o.EntryWas = reconciler.MapServices, was()
+		case found:
+			exp, err := svcValue(w.ID, *w.Entry)
+			if err != nil {
+				return fmt.Errorf("encode the programmed entry of %s: %w", w.Frontend, err)
+			}
+			// The word is the datapath's own (filter.go), renewed by
+			// every write.
+			exp.SvcWord = v.SvcWord
+			// The source-range flag is compared with the ranges, so
+			// that a difference in it alone names src_ranges.
+			flag := bpf.LbL4lbSvcFlagsL4LB_SVC_SOURCE_RANGES
+			got, want := v, exp
+			got.Flags &^= flag
+			want.Flags &^= flag
+			switch {
+			case got != want:
+				o.EntryDrift, o.EntryWas = reconciler.MapServices, was()
+			case v.Flags&flag != exp.Flags&flag || !maps.Equal(ranges[v.Id], rangeKeys(w.ID, *w.Entry)):
+				o.EntryDrift = reconciler.MapSourceRanges
+				o.EntryWas = fmt.Sprintf("source ranges %v (flag %t)", rangePrefixes(keysOf(ranges[v.Id]), w.Frontend.Addr.Is4()), v.Flags&flag != 0)
+			}
+		}
+	}
+
+	key := uint32(w.ID)
+	var mid ebpf.MapID
+	switch err := d.maglev.Lookup(&key, &mid); {
+	case errors.Is(err, ebpf.ErrKeyNotExist):
+	case err != nil:
+		return fmt.Errorf("read Maglev slot %d: %w", key, err)
+	default:
+		table, ok, err := d.readTable(key, mid)
+		if err != nil {
+			return fmt.Errorf("read Maglev table of service id %d: %w", key, err)
+		}
+		o.HasTable, o.Table = ok, table
+	}
+
+	o.BackendWas = make([]string, len(w.Backends))
+	for k, b := range w.Backends {
+		id := uint32(b.ID)
+		var v bpf.LbBackend
+		if err := d.backends.Lookup(&id, &v); err != nil {
+			return fmt.Errorf("read backend %d: %w", id, err)
+		}
+		switch {
+		case v.Flags == 0:
+			o.BackendWas[k] = "no entry"
+		case v != backendValue(b.Backend):
+			o.BackendWas[k] = reconciler.DescribeBackend(backendFromMap(v))
+		}
+	}
+	return nil
+}
+
+func keysOf(set map[bpf.LbSrcRangeKey]bool) []bpf.LbSrcRangeKey {
+	out := make([]bpf.LbSrcRangeKey, 0, len(set))
+	for k := range set {
+		out = append(out, k)
+	}
+	return out
+}
+
+// resyncRanges reads every key of the source-range trie, makes the
+// datapath's copy hold exactly them, and returns them by service id. Keys
+// only: a trie's value says nothing.
+func (d *LB) resyncRanges() (map[uint32]map[bpf.LbSrcRangeKey]bool, error) {
+	d.ranges.mu.Lock()
+	defer d.ranges.mu.Unlock()
+	c := &rangeCache{bySvc: map[uint32]map[bpf.LbSrcRangeKey]bool{}}
+	var cur, next bpf.LbSrcRangeKey
+	first := true
+	for n := uint32(0); ; n++ {
+		var err error
+		if first {
+			err = d.srcRanges.NextKey(nil, &next)
+			first = false
+		} else {
+			err = d.srcRanges.NextKey(&cur, &next)
+		}
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("read source ranges map: %w", err)
+		}
+		if n > d.cfg.MaxSourceRanges {
+			return nil, fmt.Errorf("read source ranges map: more than its %d keys; changing under the walk?", d.cfg.MaxSourceRanges)
+		}
+		c.add(next)
+		cur = next
+	}
+	d.ranges.bySvc = c.bySvc
+	// Copies, so that the caller reads them without the lock.
+	out := make(map[uint32]map[bpf.LbSrcRangeKey]bool, len(c.bySvc))
+	for id, set := range c.bySvc {
+		out[id] = maps.Clone(set)
+	}
+	return out, nil
+}
+
+// ReadStrayTables implements reconciler.Reader. A slot holding the empty
+// table DeleteTables leaves holds no table; a slot whose map l4lbd may not
+// open (see openTable) is not reported: it cannot tell it from that empty
+// table.
+func (d *LB) ReadStrayTables(ids []reconciler.ServiceID) ([]reconciler.ServiceID, error) {
+	var out []reconciler.ServiceID
+	for _, id := range ids {
+		key := uint32(id)
+		var mid ebpf.MapID
+		err := d.maglev.Lookup(&key, &mid)
+		if errors.Is(err, ebpf.ErrKeyNotExist) || (err == nil && d.tombs.has(mid)) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("read Maglev slot %d: %w", key, err)
+		}
+		m, ok, err := d.openTable(key, mid)
+		if err != nil {
+			return nil, fmt.Errorf("open the table in Maglev slot %d: %w", key, err)
+		}
+		if !ok {
+			continue
+		}
+		info, err := m.Info()
+		if err == nil && info.Name == tombstoneName {
+			d.tombs.add(m)
+			m.Close()
+			continue
+		}
+		m.Close()
+		if err != nil {
+			return nil, fmt.Errorf("read the info of the table in Maglev slot %d: %w", key, err)
+		}
+		out = append(out, id)
+	}
+	return out, nil
+}
+
+// ReadBackends implements reconciler.Reader.
+func (d *LB) ReadBackends(lo, hi reconciler.BackendID) ([]reconciler.BackendEntry, error) {
+	var out []reconciler.BackendEntry
+	for id := uint32(lo); id < uint32(hi) && id <= d.cfg.MaxBackends; id++ {
+		var v bpf.LbBackend
+		if err := d.backends.Lookup(&id, &v); err != nil {
+			return nil, fmt.Errorf("read backend %d: %w", id, err)
+		}
+		if v.Flags != 0 {
+			out = append(out, reconciler.BackendEntry{ID: reconciler.BackendID(id), Backend: backendFromMap(v)})
+		}
+	}
+	return out, nil
+}
+
+// ScanEntries implements reconciler.Reader.
+func (d *LB) ScanEntries() reconciler.EntryScan {
+	return &entryScan{it: d.services.Iterate()}
+}
+
+type entryScan struct {
+	it *ebpf.MapIterator
+}
+
+func (s *entryScan) Next(n int) ([]lb.Frontend, []reconciler.ServiceID, bool, error) {
+	var (
+		fes []lb.Frontend
+		ids []reconciler.ServiceID
+		k   bpf.LbSvcKey
+		v   bpf.LbSvcValue
+	)
+	for len(fes) < n {
+		if !s.it.Next(&k, &v) {
+			if err := s.it.Err(); err != nil {
+				return nil, nil, true, fmt.Errorf("read service map: %w", err)
+			}
+			return fes, ids, true, nil
+		}
+		fes = append(fes, frontendOf(k))
+		ids = append(ids, reconciler.ServiceID(v.Id))
+	}
+	return fes, ids, false, nil
+}
+
+// frontendOf is the frontend a service map key stands for.
+func frontendOf(k bpf.LbSvcKey) lb.Frontend {
+	return lb.Frontend{Addr: netip.AddrFrom16(k.Addr).Unmap(), Port: ntohs(k.Port), Proto: lb.Protocol(k.Proto)}
+}
+
+// DeleteStrayEntry implements reconciler.Reader: the entry goes, and the
+// CPUs' service caches with it; the filter, addresses, ranges and counters
+// are the record's and stay.
+func (d *LB) DeleteStrayEntry(fe lb.Frontend) error {
+	k := svcKey(fe)
+	if err := d.services.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("delete stray service entry %s: %w", fe, err)
+	}
+	return d.cache.bump()
+}
