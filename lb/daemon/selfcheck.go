@@ -4,9 +4,12 @@ package daemon
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"sync"
 	"time"
 
+	"github.com/l4lb/l4lb/lb"
 	"github.com/l4lb/l4lb/lb/api"
 	"github.com/l4lb/l4lb/lb/config"
 	"github.com/l4lb/l4lb/lb/reconciler"
@@ -25,6 +28,13 @@ func (d *Daemon) startSelfCheck(ctx context.Context, wg *sync.WaitGroup, cfg *co
 		Log:      d.log,
 		Drift:    func(dr reconciler.Drift) { d.metrics.ObserveDrift(dr.Map, dr.Err != nil) },
 		Passed:   func(p selfcheck.Pass) { d.metrics.ObserveCheckPass(p.Started.Add(p.Took), p.Took) },
+		// The fingerprints of services whose maps could not be
+		// written back change at once (fleet.go).
+		Unverified: func(map[lb.Frontend]string) {
+			if v := d.view.Load(); v != nil {
+				d.publishFleet(v)
+			}
+		},
 	})
 	d.selfCheck.Store(c)
 	if adopted {
@@ -38,6 +48,25 @@ func (d *Daemon) startSelfCheck(ctx context.Context, wg *sync.WaitGroup, cfg *co
 		defer wg.Done()
 		c.Run(ctx)
 	}()
+}
+
+// unverified are the frontends whose maps the self-check found different
+// from what l4lbd programmed and could not write back.
+func (d *Daemon) unverified() map[lb.Frontend]string {
+	if c := d.selfCheck.Load(); c != nil {
+		return c.Unverified()
+	}
+	return nil
+}
+
+// driftFingerprint is the fingerprint a box publishes for a service whose
+// maps hold something else than it programmed (found, as the self-check
+// read it): the fingerprint of the programmed state would claim what the
+// kernel does not do, so the box publishes one that no other box has, and
+// the fleet check names the service.
+func driftFingerprint(fp, found string) string {
+	sum := sha256.Sum256([]byte(fp + "\x00" + found))
+	return "drift-" + hex.EncodeToString(sum[:6])
 }
 
 // selfCheckStatus is the self-check's record for `l4lbctl status`.

@@ -304,6 +304,7 @@ func (d *LB) SetTable(svc reconciler.ServiceID, table []reconciler.BackendID) er
 	if err := d.swaps.before([]uint32{key}); err != nil {
 		return fmt.Errorf("swap in Maglev table for service id %d: %w", svc, err)
 	}
+	d.handles.drop(key)
 	if err := d.maglev.Update(&key, inner, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("swap in Maglev table for service id %d: %w", svc, err)
 	}
@@ -506,6 +507,7 @@ func (d *LB) swapIn(keys []uint32, inners []*ebpf.Map, tables bool) []error {
 		return errs
 	}
 	defer func() { d.swaps.after(keys, errs, tables) }()
+	d.handles.drop(keys...)
 	fds := make([]uint32, len(inners))
 	for k, m := range inners {
 		fds[k] = uint32(m.FD())
@@ -567,6 +569,7 @@ func (d *LB) DeleteTable(svc reconciler.ServiceID) error {
 	if err := d.swaps.before([]uint32{key}); err != nil {
 		return fmt.Errorf("delete Maglev table of service id %d: %w", svc, err)
 	}
+	d.handles.drop(key)
 	if err := d.maglev.Delete(&key); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return fmt.Errorf("delete Maglev table of service id %d: %w", svc, err)
 	}
@@ -598,7 +601,7 @@ func (d *LB) adoptServices() error {
 	keys := map[uint32]bpf.LbSvcKey{}
 	it := d.services.Iterate()
 	for it.Next(&k, &v) {
-		fes = append(fes, lb.Frontend{Addr: netip.AddrFrom16(k.Addr).Unmap(), Port: ntohs(k.Port), Proto: lb.Protocol(k.Proto)})
+		fes = append(fes, frontendOf(k))
 		live[v.Id] = v
 		keys[v.Id] = k
 	}

@@ -55,6 +55,107 @@ func (t *tombstones) has(id ebpf.MapID) bool {
 	return t.ids[id]
 }
 
+// tableHandles keeps the self-check's open handle on the table in each
+// Maglev slot, by slot, so that a pass reads a table it read before with
+// one batch lookup: opening a table and asking the kernel what it is (its
+// id, its name) costs three times as much as reading it. A handle is
+// dropped as soon as its slot is pointed at another map (a swap or a
+// delete), so it never keeps a replaced table alive. At most
+// maxTableHandles are kept (one file descriptor each); tables beyond are
+// opened for each read.
+type tableHandles struct {
+	mu sync.Mutex
+	m  map[uint32]tableHandle
+}
+
+type tableHandle struct {
+	id ebpf.MapID
+	m  *ebpf.Map // nil for the empty table DeleteTables leaves
+}
+
+const maxTableHandles = 1 << 16
+
+func (h *tableHandles) drop(keys ...uint32) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, k := range keys {
+		if t, ok := h.m[k]; ok {
+			if t.m != nil {
+				t.m.Close()
+			}
+			delete(h.m, k)
+		}
+	}
+}
+
+func (h *tableHandles) closeAll() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, t := range h.m {
+		if t.m != nil {
+			t.m.Close()
+		}
+	}
+	h.m = nil
+}
+
+// readTableHandle is readTable through the handle kept for slot svc.
+func (d *LB) readTableHandle(svc uint32, id ebpf.MapID) ([]reconciler.BackendID, bool, error) {
+	h := &d.handles
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if t, ok := h.m[svc]; ok {
+		if t.id == id {
+			if t.m == nil {
+				return nil, false, nil
+			}
+			table, err := readChunks(t.m)
+			return table, err == nil, err
+		}
+		if t.m != nil {
+			t.m.Close()
+		}
+		delete(h.m, svc)
+	}
+	m, ok, err := d.openTable(svc, id)
+	if err != nil || !ok {
+		return nil, false, err
+	}
+	info, err := m.Info()
+	if err != nil {
+		m.Close()
+		return nil, false, fmt.Errorf("read map info: %w", err)
+	}
+	if got, known := info.ID(); !known || got != id {
+		// Swapped between the slot's read and the open: read it as
+		// it is now, without keeping it.
+		defer m.Close()
+		if info.Name == tombstoneName {
+			return nil, false, nil
+		}
+		table, err := readChunks(m)
+		return table, err == nil, err
+	}
+	if h.m == nil {
+		h.m = map[uint32]tableHandle{}
+	}
+	keep := len(h.m) < maxTableHandles
+	if info.Name == tombstoneName {
+		m.Close()
+		if keep {
+			h.m[svc] = tableHandle{id: id}
+		}
+		return nil, false, nil
+	}
+	table, err := readChunks(m)
+	if keep {
+		h.m[svc] = tableHandle{id: id, m: m}
+	} else {
+		m.Close()
+	}
+	return table, err == nil, err
+}
+
 // ReadServices implements reconciler.Reader. It also makes the datapath's
 // own copy of the source ranges (rangeCache) what the trie holds, so that a
 // SetService that repairs a service adds the prefixes someone deleted and
@@ -121,7 +222,7 @@ func (d *LB) readService(w *reconciler.Expected, o *reconciler.Found, ranges map
 	case err != nil:
 		return fmt.Errorf("read Maglev slot %d: %w", key, err)
 	default:
-		table, ok, err := d.readTable(key, mid)
+		table, ok, err := d.readTableHandle(key, mid)
 		if err != nil {
 			return fmt.Errorf("read Maglev table of service id %d: %w", key, err)
 		}
@@ -229,16 +330,45 @@ func (d *LB) ReadStrayTables(ids []reconciler.ServiceID) ([]reconciler.ServiceID
 	return out, nil
 }
 
-// ReadBackends implements reconciler.Reader.
+// backendWalk is the self-check's walk over the backend array: one batch
+// lookup per range of ids, the cursor kept from one range to the next.
+type backendWalk struct {
+	mu   sync.Mutex
+	cur  *ebpf.MapBatchCursor
+	next uint32 // the key the cursor returns next
+}
+
+// ReadBackends implements reconciler.Reader. Consecutive ranges continue
+// one walk of the array; any other range starts a new one.
 func (d *LB) ReadBackends(lo, hi reconciler.BackendID) ([]reconciler.BackendEntry, error) {
+	w := &d.beWalk
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.cur == nil || uint32(lo) < w.next {
+		w.cur, w.next = new(ebpf.MapBatchCursor), 0
+	}
+	end := min(uint32(hi), d.cfg.MaxBackends+1)
 	var out []reconciler.BackendEntry
-	for id := uint32(lo); id < uint32(hi) && id <= d.cfg.MaxBackends; id++ {
-		var v bpf.LbBackend
-		if err := d.backends.Lookup(&id, &v); err != nil {
-			return nil, fmt.Errorf("read backend %d: %w", id, err)
+	for w.next < end {
+		n := end - w.next
+		keys := make([]uint32, n)
+		vals := make([]bpf.LbBackend, n)
+		got, err := d.backends.BatchLookup(w.cur, keys, vals, nil)
+		for i := range got {
+			if keys[i] >= uint32(lo) && vals[i].Flags != 0 {
+				out = append(out, reconciler.BackendEntry{ID: reconciler.BackendID(keys[i]), Backend: backendFromMap(vals[i])})
+			}
 		}
-		if v.Flags != 0 {
-			out = append(out, reconciler.BackendEntry{ID: reconciler.BackendID(id), Backend: backendFromMap(v)})
+		if got > 0 {
+			w.next = keys[got-1] + 1
+		}
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			w.cur = nil
+			break
+		}
+		if err != nil {
+			w.cur = nil
+			return nil, fmt.Errorf("read backends %d..%d: %w", lo, hi-1, err)
 		}
 	}
 	return out, nil

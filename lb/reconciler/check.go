@@ -14,18 +14,22 @@ import (
 // because nothing else would notice a map changed behind l4lbd's back: an
 // operator's bpftool, a second tool on the pins, a half-applied write after
 // a crash, a kernel or l4lbd bug. Whatever differs is written again from the
-// record, through the same Datapath calls and in the same make-before-break
-// order as a pass (backends, then the table, then the entry; strays are
-// removed last), and reported as a Drift.
+// record, through the same Datapath calls as a pass (a table before its
+// entry; strays are removed, never an entry of the record), and reported as
+// a Drift. Backend entries are read by id range in a phase of their own, so
+// that a pass reads each once and in order: a changed backend is written
+// back a moment after its service's table and entry were compared; it
+// was wrong before either way, and every write leaves it right.
 //
 // A check runs in steps, each over a bounded slice of ids, and each holds
 // the reconciler's lock for its read, compare and repair: a Reconcile or
 // Update runs between two steps, never during one, so a step compares with
 // the record as of its own read and can never write back an older state than
 // a concurrent pass wrote. Steps cover, in order: the services by id (each
-// one's entry, source ranges, table and backends, and tables in slots that
-// the record holds none for), then the backend entries by id (entries in use
-// at ids no service holds), then every service entry of the datapath
+// one's entry, source ranges and table, and tables in slots that the record
+// holds none for), then the backend entries by id (each service's, and
+// entries in use at ids no service holds), then every service entry of the
+// datapath
 // (entries at frontends the record has none for). Ids above the highest
 // ever handed out are not read: the datapath reaches a table or backend only
 // through a service entry, and every entry is read by the last phase.
@@ -53,14 +57,16 @@ const (
 type Reader interface {
 	// ReadServices reads what the datapath holds for each of want, in
 	// order: the service entry keyed by want[i].Frontend (none when the
-	// frontend is the zero value), the table in slot want[i].ID and the
-	// backend entries at the ids of want[i].Backends.
+	// frontend is the zero value) and the table in slot want[i].ID, and
+	// the backend entries at the ids of want[i].Backends when it lists
+	// any (the self-check reads backends by id range instead).
 	ReadServices(want []Expected) ([]Found, error)
 	// ReadStrayTables returns those of ids whose Maglev slot holds a
 	// table, in order. The ids are those no service holds.
 	ReadStrayTables(ids []ServiceID) ([]ServiceID, error)
 	// ReadBackends returns the backend entries in use at ids in [lo, hi),
-	// in order.
+	// in order. A check calls it for consecutive ranges from id 1 up,
+	// which a datapath may read in one walk.
 	ReadBackends(lo, hi BackendID) ([]BackendEntry, error)
 	// ScanEntries starts a walk over every service entry.
 	ScanEntries() EntryScan
@@ -250,11 +256,6 @@ func (c *Check) services(lo, hi ServiceID) ([]Drift, error) {
 		if v.hasEntry {
 			e.Entry = &v.entry
 		}
-		for _, b := range v.backends {
-			if b.programmed {
-				e.Backends = append(e.Backends, BackendEntry{ID: b.id, Backend: Backend{Addr: b.addr, Service: v.id, State: b.state}})
-			}
-		}
 		c.want = append(c.want, e)
 		c.owned = append(c.owned, v)
 	}
@@ -372,8 +373,10 @@ func tableDiff(got, want []BackendID) string {
 	return fmt.Sprintf("%d slots changed, first slot %d holding backend id %d instead of %d", n, first, got[first], want[first])
 }
 
-// backends removes backend entries in use at ids in [lo, hi) that no
-// service holds. The caller holds r.mu.
+// backends compares the backend entries at ids in [lo, hi) with the
+// record: an entry a service programmed is written again when it differs
+// or is gone, an entry in use at an id no service programmed is cleared.
+// The caller holds r.mu.
 func (c *Check) backends(lo, hi BackendID) ([]Drift, error) {
 	r := c.r
 	in, err := c.rd.ReadBackends(lo, hi)
@@ -381,26 +384,48 @@ func (c *Check) backends(lo, hi BackendID) ([]Drift, error) {
 		return nil, fmt.Errorf("self-check: read backends %d..%d: %w", lo, hi-1, err)
 	}
 	var drifts []Drift
-	for _, b := range in {
-		if v := r.beOwner[b.ID]; v != nil && v.programs(b.ID) {
-			// Compared with its service's record in the first phase.
-			continue
+	k := 0
+	for id := lo; id < hi; id++ {
+		var got *BackendEntry
+		if k < len(in) && in[k].ID == id {
+			got = &in[k]
+			k++
 		}
-		d := Drift{Map: MapBackends, ID: uint32(b.ID), Found: DescribeBackend(b.Backend), Want: "no entry (no service holds the id)"}
-		d.Err = r.dp.DeleteBackend(b.ID)
-		drifts = append(drifts, d)
+		var want *backend
+		v := r.beOwner[id]
+		if v != nil {
+			want = v.programmed(id)
+		}
+		switch {
+		case want == nil && got == nil:
+		case want == nil:
+			d := Drift{Map: MapBackends, ID: uint32(id), Found: DescribeBackend(got.Backend), Want: "no entry (no service holds the id)"}
+			d.Err = r.dp.DeleteBackend(id)
+			drifts = append(drifts, d)
+		default:
+			b := Backend{Addr: want.addr, Service: v.id, State: want.state}
+			if got != nil && got.Backend == b {
+				continue
+			}
+			d := Drift{Map: MapBackends, Service: v.name, Frontend: v.fe, ID: uint32(id), Found: "no entry", Want: DescribeBackend(b)}
+			if got != nil {
+				d.Found = DescribeBackend(got.Backend)
+			}
+			d.Err = r.dp.SetBackend(id, b)
+			drifts = append(drifts, d)
+		}
 	}
 	return drifts, nil
 }
 
-// programs reports whether v holds a programmed backend entry at id.
-func (v *service) programs(id BackendID) bool {
-	for _, b := range v.backends {
-		if b.id == id {
-			return b.programmed
+// programmed returns v's programmed backend at id, or nil.
+func (v *service) programmed(id BackendID) *backend {
+	for i := range v.backends {
+		if b := &v.backends[i]; b.id == id && b.programmed {
+			return b
 		}
 	}
-	return false
+	return nil
 }
 
 // entries walks the next slice of service entries and removes those at

@@ -132,7 +132,8 @@ func TestCheckRepairsDrift(t *testing.T) {
 				delete(b, tb[e[dnsFE].ID][0])
 				delete(e, dnsFE)
 			},
-			want: []string{reconciler.MapMaglev, reconciler.MapBackends, reconciler.MapServices},
+			// Services first (a table before its entry), then backends.
+			want: []string{reconciler.MapMaglev, reconciler.MapServices, reconciler.MapBackends},
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -143,13 +144,8 @@ func TestCheckRepairsDrift(t *testing.T) {
 			f.CheckEachOp(false)
 			f.Tamper(tc.tamper)
 			f.ResetOps()
-			drifts, err := r.NewCheck(f).Run()
-			if err != nil {
-				t.Fatal(err)
-			}
-			var got []string
+			drifts, got := runCheck(t, r, f)
 			for _, d := range drifts {
-				got = append(got, d.Map)
 				if d.Err != nil {
 					t.Errorf("repair of %v failed", d)
 				}
@@ -174,6 +170,21 @@ func TestCheckRepairsDrift(t *testing.T) {
 			}
 		})
 	}
+}
+
+// runCheck runs a whole check and returns its drifts and the maps they
+// name, in order.
+func runCheck(t *testing.T, r *reconciler.Reconciler, f *reconcilertest.Fake) ([]reconciler.Drift, []string) {
+	t.Helper()
+	drifts, err := r.NewCheck(f).Run()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var maps []string
+	for _, d := range drifts {
+		maps = append(maps, d.Map)
+	}
+	return drifts, maps
 }
 
 func diffStates(a, b reconciler.State) string {
@@ -204,14 +215,7 @@ func TestCheckRemovesStraysAtReleasedIDs(t *testing.T) {
 		tb[dnsID] = []reconciler.BackendID{dnsBackends[0].ID}
 		b[dnsBackends[0].ID] = dnsBackends[0].Backend
 	})
-	drifts, err := r.NewCheck(f).Run()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var got []string
-	for _, d := range drifts {
-		got = append(got, d.Map)
-	}
+	drifts, got := runCheck(t, r, f)
 	if want := []string{reconciler.MapMaglev, reconciler.MapBackends}; !slices.Equal(got, want) {
 		t.Errorf("drifts in %v, want %v: %v", got, want, drifts)
 	}

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
@@ -88,9 +89,15 @@ func TestPassUnrepaired(t *testing.T) {
 	if p, _ := c.Pass(context.Background(), false); p.Drifts != 1 || p.Unrepaired != 1 {
 		t.Fatalf("pass %+v: want one unrepaired drift", p)
 	}
+	if u := c.Unverified(); len(u) != 1 || !strings.HasPrefix(u[fe], "maglev: ") {
+		t.Errorf("unverified %v, want %s with its maglev drift", u, fe)
+	}
 	f.FailOn(nil)
 	if p, _ := c.Pass(context.Background(), false); p.Drifts != 1 || p.Unrepaired != 0 {
 		t.Fatalf("pass %+v: want the drift repaired", p)
+	}
+	if u := c.Unverified(); len(u) != 0 {
+		t.Errorf("unverified %v after the repair, want none", u)
 	}
 	if st := c.Status(); st.Unrepaired != 1 || st.Drifts[reconciler.MapMaglev] != 2 {
 		t.Errorf("status %+v", st)
@@ -118,4 +125,20 @@ func TestRunRepairsWithinAnInterval(t *testing.T) {
 	}
 	cancel()
 	<-done
+}
+
+// A pass whose CPU time at the configured share would not fit in the
+// interval gets a larger share, up to a whole CPU.
+func TestShareGrowsToFitTheInterval(t *testing.T) {
+	r, f, _ := setup(t)
+	c := selfcheck.New(r, f, selfcheck.Options{Interval: time.Hour})
+	c.Pass(context.Background(), false)
+	if p, _ := c.Pass(context.Background(), true); p.Share != selfcheck.DefaultBudget {
+		t.Errorf("share %v with an hour to spare, want the default %v", p.Share, selfcheck.DefaultBudget)
+	}
+	c = selfcheck.New(r, f, selfcheck.Options{Interval: time.Nanosecond})
+	c.Pass(context.Background(), false)
+	if p, _ := c.Pass(context.Background(), true); p.Share != 1 {
+		t.Errorf("share %v when a pass cannot fit its interval, want 1", p.Share)
+	}
 }

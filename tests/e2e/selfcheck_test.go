@@ -44,6 +44,18 @@ func (p pins) open(name ...string) *ebpf.Map {
 	return m
 }
 
+// rotateRow rotates the 16 slots of chunk key of the table of the service
+// s is a snapshot of.
+func (p pins) rotateRow(s snapshot, key uint32) {
+	p.t.Helper()
+	table := p.open("maglev_tables", strconv.FormatUint(uint64(s.entry.Id), 10))
+	row := s.table[key]
+	rot := [16]uint32(append(row[1:], row[0]))
+	if err := table.Update(&key, &rot, ebpf.UpdateExist); err != nil {
+		p.t.Fatal(err)
+	}
+}
+
 func svcMapKey(fe lb.Frontend) bpf.LbSvcKey {
 	port := [2]byte{byte(fe.Port >> 8), byte(fe.Port)}
 	return bpf.LbSvcKey{Addr: fe.Addr.As16(), Port: uint16(port[0]) | uint16(port[1])<<8, Proto: uint8(fe.Proto)}
@@ -146,15 +158,7 @@ func TestSelfCheckRepairsDrift(t *testing.T) {
 		m      string
 		tamper func(s snapshot)
 	}{
-		{"Maglev table row rotated", web, "maglev", func(s snapshot) {
-			table := p.open("maglev_tables", strconv.FormatUint(uint64(s.entry.Id), 10))
-			key := uint32(3)
-			row := s.table[key]
-			rot := [16]uint32(append(row[1:], row[0]))
-			if err := table.Update(&key, &rot, ebpf.UpdateExist); err != nil {
-				t.Fatal(err)
-			}
-		}},
+		{"Maglev table row rotated", web, "maglev", func(s snapshot) { p.rotateRow(s, 3) }},
 		{"backend entry rewritten", web, "backends", func(s snapshot) {
 			for id, b := range s.backends {
 				b.Port ^= 0x100
@@ -241,13 +245,7 @@ func TestSelfCheckBeforeReady(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The running l4lbd checks next in an hour: the change stays.
-	table := p.open("maglev_tables", strconv.FormatUint(uint64(want.entry.Id), 10))
-	key := uint32(5)
-	row := want.table[key]
-	rot := [16]uint32(append(row[1:], row[0]))
-	if err := table.Update(&key, &rot, ebpf.UpdateExist); err != nil {
-		t.Fatal(err)
-	}
+	p.rotateRow(want, 5)
 	d.Restart()
 	nextNotify(t, ch, "READY=1")
 	if now, err := p.snapshot(web); err != nil || !now.equal(want) {
