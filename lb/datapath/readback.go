@@ -418,3 +418,55 @@ func (d *LB) DeleteStrayEntry(fe lb.Frontend) error {
 	}
 	return d.cache.bump()
 }
+
+var _ reconciler.DerivedChecker = (*LB)(nil)
+
+// mapVIPFilter names the frontend filter in a Drift.
+const mapVIPFilter = "vip_filter"
+
+// CheckDerived implements reconciler.DerivedChecker: the words of the
+// frontend filter (filter.go) are compared with the frontends the datapath
+// wrote, and a word that differs is written again. A bit missing would
+// hide a service from every packet; a bit too many costs those packets a
+// lookup.
+func (d *LB) CheckDerived() []reconciler.Drift {
+	return d.filter.check()
+}
+
+// check reads every word of the filter and writes back those that differ
+// from what its frontends make them.
+func (f *vipFilter) check() []reconciler.Drift {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n := f.mask + 1
+	keys := make([]uint32, n)
+	vals := make([]uint64, n)
+	var (
+		cur  ebpf.MapBatchCursor
+		read int
+	)
+	for read < int(n) {
+		got, err := f.m.BatchLookup(&cur, keys[read:], vals[read:], nil)
+		read += got
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			break
+		}
+		if err != nil {
+			return []reconciler.Drift{{Map: mapVIPFilter, Found: "a map that cannot be read", Want: fmt.Sprintf("%d words", n), Err: fmt.Errorf("read the frontend filter: %w", err)}}
+		}
+	}
+	var drifts []reconciler.Drift
+	for k := range read {
+		i := keys[k]
+		want := f.word(i)
+		if vals[k] == want {
+			continue
+		}
+		d := reconciler.Drift{Map: mapVIPFilter, ID: i, Found: fmt.Sprintf("word %#x", vals[k]), Want: fmt.Sprintf("word %#x (%d frontends)", want, len(f.byWord[i]))}
+		if err := f.m.Update(&i, want, ebpf.UpdateAny); err != nil {
+			d.Err = fmt.Errorf("write frontend filter word %d: %w", i, err)
+		}
+		drifts = append(drifts, d)
+	}
+	return drifts
+}

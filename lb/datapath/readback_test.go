@@ -301,3 +301,49 @@ func TestSelfCheckQuietOnDeletedTables(t *testing.T) {
 	e.reconcile(t, svcs...)
 	quiet("after adding them again")
 }
+
+// TestSelfCheckRepairsFrontendFilter clears the frontend filter's words
+// through the pin: every packet to the VIP then passes to the stack as if
+// no service were there, until one pass writes the words back.
+func TestSelfCheckRepairsFrontendFilter(t *testing.T) {
+	dir := pinDir(t, "selfcheck-filter")
+	e := newEnvWith(t, envOptions{pinPath: dir})
+	fam := families[0]
+	a := withDefaults(dsrService("a", fam.vip, 80, lb.TCP, fam.backends[:3]...))
+	e.reconcile(t, a)
+	filter := pinned(t, dir, bpf.LbMapVipFilter)
+	cleared := 0
+	for i := uint32(0); i < filter.MaxEntries(); i++ {
+		var w uint64
+		if err := filter.Lookup(&i, &w); err != nil {
+			t.Fatal(err)
+		}
+		if w != 0 {
+			if err := filter.Update(&i, uint64(0), ebpf.UpdateExist); err != nil {
+				t.Fatal(err)
+			}
+			cleared++
+		}
+	}
+	if cleared == 0 {
+		t.Fatal("the filter holds no bit for the service")
+	}
+	if n := e.misrouted(t, a, 3000); n != 32 {
+		t.Fatalf("%d of 32 flows misrouted with the filter cleared, want all", n)
+	}
+	drifts, err := e.rec.NewCheck(e.lb).Run()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(drifts) != cleared {
+		t.Errorf("%d drifts, want one per cleared word (%d): %v", len(drifts), cleared, drifts)
+	}
+	for _, d := range drifts {
+		if d.Map != "vip_filter" || d.Err != nil {
+			t.Errorf("drift %v, want a repaired vip_filter word", d)
+		}
+	}
+	if n := e.misrouted(t, a, 3100); n != 0 {
+		t.Errorf("%d of 32 flows misrouted after the repair", n)
+	}
+}

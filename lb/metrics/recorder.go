@@ -39,8 +39,9 @@ type Recorder struct {
 }
 
 // DriftMaps are the values of the map label of l4lb_datapath_drift_total:
-// the maps the self-check reads back (reconciler.Map*).
-var DriftMaps = []string{"services", "src_ranges", "backends", "maglev"}
+// the maps the self-check reads back (reconciler.Map*, and the datapath's
+// frontend filter).
+var DriftMaps = []string{"services", "src_ranges", "backends", "maglev", "vip_filter"}
 
 // NewRecorder returns a Recorder; register it (NewRegistry does) to expose
 // its metrics.
@@ -73,7 +74,7 @@ func NewRecorder() *Recorder {
 		}, []string{labelReason}),
 		drift: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "l4lb_datapath_drift_total",
-			Help: "Differences the self-check found between a control-plane map and what l4lbd programmed, by map (services, src_ranges, backends, maglev); l4lbd writes each back, and l4lb_datapath_drift_repair_failures_total counts those it could not.",
+			Help: "Differences the self-check found between a control-plane map and what l4lbd programmed, by map (services, src_ranges, backends, maglev, vip_filter); l4lbd writes each back, and l4lb_datapath_drift_repair_failures_total counts those it could not.",
 		}, []string{labelMap}),
 		driftUnrepaired: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "l4lb_datapath_drift_repair_failures_total",

@@ -39,12 +39,14 @@ l4lb_datapath_drift_repair_failures_total{map="backends"} 0
 l4lb_datapath_drift_repair_failures_total{map="maglev"} 1
 l4lb_datapath_drift_repair_failures_total{map="services"} 0
 l4lb_datapath_drift_repair_failures_total{map="src_ranges"} 0
-# HELP l4lb_datapath_drift_total Differences the self-check found between a control-plane map and what l4lbd programmed, by map (services, src_ranges, backends, maglev); l4lbd writes each back, and l4lb_datapath_drift_repair_failures_total counts those it could not.
+l4lb_datapath_drift_repair_failures_total{map="vip_filter"} 0
+# HELP l4lb_datapath_drift_total Differences the self-check found between a control-plane map and what l4lbd programmed, by map (services, src_ranges, backends, maglev, vip_filter); l4lbd writes each back, and l4lb_datapath_drift_repair_failures_total counts those it could not.
 # TYPE l4lb_datapath_drift_total counter
 l4lb_datapath_drift_total{map="backends"} 0
 l4lb_datapath_drift_total{map="maglev"} 2
 l4lb_datapath_drift_total{map="services"} 1
 l4lb_datapath_drift_total{map="src_ranges"} 0
+l4lb_datapath_drift_total{map="vip_filter"} 0
 # HELP l4lb_config_last_reload_success_timestamp_seconds Unix time of the last successful configuration load (the initial one included).
 # TYPE l4lb_config_last_reload_success_timestamp_seconds gauge
 l4lb_config_last_reload_success_timestamp_seconds 1.7673231055e+09

@@ -29,10 +29,10 @@ import (
 // one's entry, source ranges and table, and tables in slots that the record
 // holds none for), then the backend entries by id (each service's, and
 // entries in use at ids no service holds), then every service entry of the
-// datapath
-// (entries at frontends the record has none for). Ids above the highest
-// ever handed out are not read: the datapath reaches a table or backend only
-// through a service entry, and every entry is read by the last phase.
+// datapath (entries at frontends the record has none for), and last what
+// the datapath derives from the entries (DerivedChecker). Ids above the
+// highest ever handed out are not read: the datapath reaches a table or
+// backend only through a service entry, and every entry is read.
 
 // Slice sizes of one step. A step over services reads up to checkServices
 // entries and tables (a table is up to 64 KiB at the largest table size), so
@@ -74,6 +74,15 @@ type Reader interface {
 	// record does not hold, and nothing else: no counters, ranges or
 	// words of the id it names, which may be another service's.
 	DeleteStrayEntry(fe lb.Frontend) error
+}
+
+// DerivedChecker is implemented by a Reader whose datapath keeps maps of its
+// own making from the service entries (lb/datapath's frontend filter): a
+// check's last step has it compare them with what the entries make them,
+// write back what differs, and report each difference (Drift.Map names the
+// map).
+type DerivedChecker interface {
+	CheckDerived() []Drift
 }
 
 // EntryScan walks the service entries of a datapath. Entries written or
@@ -211,6 +220,9 @@ func (c *Check) Step() (drifts []Drift, done bool, err error) {
 		if last || err != nil {
 			// A failed walk cannot resume: the next pass starts over.
 			c.phase = phaseDone
+			if dc, ok := c.rd.(DerivedChecker); ok {
+				drifts = append(drifts, dc.CheckDerived()...)
+			}
 		}
 	}
 	return drifts, c.phase == phaseDone, err
