@@ -8,7 +8,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/netip"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -235,6 +237,12 @@ func printStatus(out io.Writer, st api.Status) error {
 	if st.ReconcileError != "" {
 		fmt.Fprintf(tw, "reconcile\tFAILING: %s\n", st.ReconcileError)
 	}
+	if sc := st.SelfCheck; sc != nil {
+		fmt.Fprintf(tw, "self-check\t%s\n", selfCheckLine(sc))
+		if sc.LastDrift != "" {
+			fmt.Fprintf(tw, "\t  last drift %s: %s\n", sc.LastDriftAt.Format(time.RFC3339), sc.LastDrift)
+		}
+	}
 	for _, c := range st.Conflicts {
 		fmt.Fprintf(tw, "conflict\t%s\n", c)
 	}
@@ -271,6 +279,36 @@ func printStatus(out io.Writer, st api.Status) error {
 		fmt.Fprintf(tw, "%s\t%d\t%d\n", r.Name, r.Packets, r.Bytes)
 	}
 	return tw.Flush()
+}
+
+// selfCheckLine sums up the datapath self-check: when it last passed, and
+// the differences between the maps and what l4lbd programmed it found.
+func selfCheckLine(sc *api.SelfCheckStatus) string {
+	if sc.Passes == 0 {
+		return fmt.Sprintf("no pass yet (every %s)", time.Duration(sc.IntervalSeconds*float64(time.Second)))
+	}
+	line := fmt.Sprintf("last pass %s (%.2fs, every %s): ", sc.LastPass.Format(time.RFC3339), sc.LastPassSeconds, time.Duration(sc.IntervalSeconds*float64(time.Second)))
+	switch {
+	case sc.LastPassUnrepaired > 0:
+		line += fmt.Sprintf("DRIFT NOT REPAIRED: %d of %d differences could not be written back", sc.LastPassUnrepaired, sc.LastPassDrifts)
+	case sc.LastPassDrifts > 0:
+		line += fmt.Sprintf("DRIFT: %d differences found and repaired", sc.LastPassDrifts)
+	default:
+		line += "maps match what l4lbd programmed"
+	}
+	var total uint64
+	var byMap []string
+	for _, m := range slices.Sorted(maps.Keys(sc.Drifts)) {
+		total += sc.Drifts[m]
+		byMap = append(byMap, fmt.Sprintf("%s %d", m, sc.Drifts[m]))
+	}
+	if total > 0 {
+		line += fmt.Sprintf("; %d since start (%s)", total, strings.Join(byMap, ", "))
+	}
+	if sc.LastPassError != "" {
+		line += "; read failed: " + sc.LastPassError
+	}
+	return line
 }
 
 func backendCmd(g *globals) *cobra.Command {

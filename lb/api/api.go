@@ -48,6 +48,31 @@ type Status struct {
 	// FleetWarnings name the services whose fingerprints differ between
 	// LB boxes, and the boxes, as the fleet check sees them.
 	FleetWarnings []string `json:"fleet_warnings,omitempty"`
+	// SelfCheck is the datapath self-check's record; nil before it runs.
+	SelfCheck *SelfCheckStatus `json:"self_check,omitempty"`
+}
+
+// SelfCheckStatus is what the datapath self-check found: the passes that
+// read the control-plane maps back and wrote again what differed from what
+// l4lbd programmed.
+type SelfCheckStatus struct {
+	IntervalSeconds float64 `json:"interval_seconds"`
+	// Passes counts the passes finished since start; the LastPass fields
+	// describe the last one.
+	Passes          int       `json:"passes"`
+	LastPass        time.Time `json:"last_pass,omitzero"`
+	LastPassSeconds float64   `json:"last_pass_seconds"`
+	// LastPassDrifts and LastPassUnrepaired count the differences the
+	// last pass found and those it could not write back.
+	LastPassDrifts     int `json:"last_pass_drifts"`
+	LastPassUnrepaired int `json:"last_pass_unrepaired"`
+	// LastPassError is a read that failed in the last pass.
+	LastPassError string `json:"last_pass_error,omitempty"`
+	// Drifts counts the differences found since start, by map.
+	Drifts map[string]uint64 `json:"drifts,omitempty"`
+	// LastDrift describes the last difference found, and when.
+	LastDrift   string    `json:"last_drift,omitempty"`
+	LastDriftAt time.Time `json:"last_drift_at,omitzero"`
 }
 
 // BGPStatus is the BGP speaker's state (GET /v1/bgp).

@@ -73,35 +73,38 @@ const (
 	maxMaxServices  = 1 << 20
 	// Backend ids share a health-probe socket mark with a fixed high byte
 	// (lb/datapath HealthMarkMask).
-	maxMaxBackends         = 1<<24 - 2
-	maxSNATAddresses       = 16 // per family; the datapath's limit
-	minSNATTimeout         = time.Second
-	defaultSNATTCP         = 6 * time.Hour
-	defaultSNATTCPClosing  = 10 * time.Second
-	defaultSNATUDP         = 60 * time.Second
-	defaultMaxServices     = 4096
-	defaultMaxBackends     = 65536
-	defaultTableSize       = 16381
-	defaultAffinityTimeout = 3 * time.Hour
-	defaultICMPRateLimit   = 100
-	maxICMPRateLimit       = 1_000_000 // the datapath's limit
-	defaultFlowInsertRate  = 50_000
-	maxFlowInsertRate      = 100_000_000
-	defaultHealthInterval  = 5 * time.Second
-	defaultHealthTimeout   = 2 * time.Second
-	defaultHealthRise      = 2
-	defaultHealthFall      = 3
-	defaultHealthPath      = "/"
-	defaultHealthStatus    = 200
-	defaultConsulAddress   = "127.0.0.1:8500"
-	defaultConsulTag       = "l4lb"
-	defaultConsulKVPrefix  = "l4lb/services/"
-	defaultK8sClass        = "l4lb.io/l4lb"
-	defaultK8sQPS          = 20
-	defaultK8sBurst        = 40
-	defaultK8sLeaseNS      = "kube-system"
-	defaultK8sLeaseName    = "l4lb"
-	defaultKubeProxyPort   = 10256
+	maxMaxBackends        = 1<<24 - 2
+	maxSNATAddresses      = 16 // per family; the datapath's limit
+	minSNATTimeout        = time.Second
+	defaultSNATTCP        = 6 * time.Hour
+	defaultSNATTCPClosing = 10 * time.Second
+	defaultSNATUDP        = 60 * time.Second
+	defaultMaxServices    = 4096
+	// defaultSelfCheckInterval: a pass at 10,000 services fits in it
+	// at the self-check's CPU budget (docs/perf-log.md).
+	defaultSelfCheckInterval = 10 * time.Second
+	defaultMaxBackends       = 65536
+	defaultTableSize         = 16381
+	defaultAffinityTimeout   = 3 * time.Hour
+	defaultICMPRateLimit     = 100
+	maxICMPRateLimit         = 1_000_000 // the datapath's limit
+	defaultFlowInsertRate    = 50_000
+	maxFlowInsertRate        = 100_000_000
+	defaultHealthInterval    = 5 * time.Second
+	defaultHealthTimeout     = 2 * time.Second
+	defaultHealthRise        = 2
+	defaultHealthFall        = 3
+	defaultHealthPath        = "/"
+	defaultHealthStatus      = 200
+	defaultConsulAddress     = "127.0.0.1:8500"
+	defaultConsulTag         = "l4lb"
+	defaultConsulKVPrefix    = "l4lb/services/"
+	defaultK8sClass          = "l4lb.io/l4lb"
+	defaultK8sQPS            = 20
+	defaultK8sBurst          = 40
+	defaultK8sLeaseNS        = "kube-system"
+	defaultK8sLeaseName      = "l4lb"
+	defaultKubeProxyPort     = 10256
 )
 
 // Config is a validated daemon configuration.
@@ -160,6 +163,11 @@ type Daemon struct {
 	// `l4lbctl reload`, `systemctl reload l4lb`) once the file is
 	// checked and its diff reviewed.
 	WatchConfig bool
+	// SelfCheckInterval is how often l4lbd reads the maps it programmed
+	// back, compares them with its record and writes again what differs
+	// (lb/selfcheck): the time from the start of one pass to the start of
+	// the next.
+	SelfCheckInterval time.Duration
 }
 
 // Attach is the kernel hook the load-balancer program runs at.
@@ -435,6 +443,8 @@ func Default() *Config {
 			MetricsListen: []string{defaultMetricsListen},
 			BPFFS:         defaultBPFFS,
 			LogLevel:      slog.LevelInfo,
+
+			SelfCheckInterval: defaultSelfCheckInterval,
 		},
 		Datapath: Datapath{
 			Attach:         AttachXDP,

@@ -73,6 +73,7 @@ admin_socket = "/run/l4lb//admin.sock"
 metrics_listen = ["127.0.0.1:9842", "[::1]:9842", ":9843"]
 bpffs = "/sys/fs/bpf/lb/"
 log_level = "debug"
+self_check_interval = "2s"
 [datapath]
 interfaces = ["eth0", "eth1"]
 attach = "tc"
@@ -102,6 +103,8 @@ table_size = 251
 					MetricsListen: []string{"127.0.0.1:9842", "[::1]:9842", ":9843"},
 					BPFFS:         "/sys/fs/bpf/lb",
 					LogLevel:      slog.LevelDebug,
+
+					SelfCheckInterval: 2 * time.Second,
 				}
 				c.Datapath = Datapath{
 					Interfaces:     []string{"eth0", "eth1"},

@@ -32,6 +32,7 @@ type rawDaemon struct {
 	LogLevel      any `toml:"log_level"`
 	MaxFlowMove   any `toml:"max_flow_move"`
 	WatchConfig   any `toml:"watch_config"`
+	SelfCheck     any `toml:"self_check_interval"`
 }
 
 type rawDatapath struct {

@@ -125,6 +125,11 @@ func (c *checker) daemon(r *rawDaemon, d *Daemon) {
 			d.WatchConfig = b
 		}
 	}
+	if r.SelfCheck != nil {
+		if t, ok := s.duration("self_check_interval", r.SelfCheck); ok {
+			d.SelfCheckInterval = t
+		}
+	}
 }
 
 // fraction converts a share: a number in (0, 1], such as 0.25 for a

@@ -36,6 +36,7 @@ import (
 	"github.com/l4lb/l4lb/lb/maglev"
 	"github.com/l4lb/l4lb/lb/metrics"
 	"github.com/l4lb/l4lb/lb/reconciler"
+	"github.com/l4lb/l4lb/lb/selfcheck"
 )
 
 // Version is set at build time (-ldflags -X).
@@ -96,6 +97,9 @@ type Daemon struct {
 	adopted  map[lb.Frontend]bool
 	lastGood *lastGoodWriter
 	metrics  *metrics.Recorder
+	// selfCheck re-reads the datapath (selfcheck.go); nil before Run
+	// starts it.
+	selfCheck atomic.Pointer[selfcheck.Checker]
 
 	// ann announces the VIPs (announce.go); nil before the first pass.
 	ann *announcers
@@ -374,6 +378,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	d.watchdog(ctx, &wg)
 	d.watchConfig(ctx, &wg, 2*time.Second)
 
+	d.startSelfCheck(ctx, &wg, cfg, len(st.Services) > 0)
 	d.logWarnings(cfg)
 	notify(sddaemon.SdNotifyReady + "\n" + d.statusLine())
 	d.log.Info("l4lbd ready", "interfaces", cfg.Datapath.Interfaces, "services", d.view.Load().services.Len(), "watch_config", cfg.Daemon.WatchConfig)
@@ -670,6 +675,7 @@ func keepRunning(running, cur *config.Config) []string {
 	diff("daemon.metrics_listen", !slices.Equal(rd.MetricsListen, cd.MetricsListen))
 	diff("daemon.bpffs", rd.BPFFS != cd.BPFFS)
 	diff("daemon.log_level", rd.LogLevel != cd.LogLevel)
+	diff("daemon.self_check_interval", rd.SelfCheckInterval != cd.SelfCheckInterval)
 	// These apply at once: the guard of the new file, and whether the
 	// file is watched from now on.
 	maxMove, watch := cd.MaxFlowMove, cd.WatchConfig

@@ -21,7 +21,10 @@ import (
 // fleetRun is the running fleet check (with [discovery.consul]).
 type fleetRun struct {
 	f *consul.Fleet
-	// local is the record last handed to Publish; control loop only.
+	// pub serializes publishFleet: the control loop and the self-check
+	// (selfcheck.go) both publish.
+	pub sync.Mutex
+	// local is the record last handed to Publish, under pub.
 	local fleet.Box
 	// cur is the same, for readers of the view.
 	mu  sync.Mutex
@@ -55,10 +58,17 @@ func (d *Daemon) publishFleet(v *view) {
 	if r == nil {
 		return
 	}
+	r.pub.Lock()
+	defer r.pub.Unlock()
+	unverified := d.unverified()
 	b := fleet.Box{Name: r.f.Name(), Version: Version, SeedFingerprint: seedFingerprint(v.cfg.Maglev.Seed), Services: []fleet.Service{}}
 	for _, svc := range v.services.All() {
 		if ps := v.programmedOf(svc.Frontend); ps.fingerprint != "" {
-			b.Services = append(b.Services, fleet.Service{Name: svc.Name, Frontend: svc.Frontend.String(), Fingerprint: ps.fingerprint})
+			fp := ps.fingerprint
+			if found, ok := unverified[svc.Frontend]; ok {
+				fp = driftFingerprint(fp, found)
+			}
+			b.Services = append(b.Services, fleet.Service{Name: svc.Name, Frontend: svc.Frontend.String(), Fingerprint: fp})
 		}
 	}
 	slices.SortFunc(b.Services, func(x, y fleet.Service) int { return strings.Compare(x.Frontend, y.Frontend) })

@@ -44,6 +44,7 @@ func (d *Daemon) Status() api.Status {
 		Discovery:       d.discoveryStatus(),
 		BGP:             d.bgpStatus(v),
 		L2:              d.l2Status(v),
+		SelfCheck:       d.selfCheckStatus(),
 	}
 	if rep, fst, ok := d.fleetReport(); ok {
 		st.FleetWarnings = rep.Warnings()

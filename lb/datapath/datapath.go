@@ -175,6 +175,11 @@ type LB struct {
 	// legacy are maps an earlier l4lbd pinned under old names, until
 	// Retire (migrate.go).
 	legacy []legacyMap
+	// tombs are the empty tables DeleteTables left, handles the
+	// self-check's open tables (readback.go).
+	tombs   tombstones
+	handles tableHandles
+	beWalk  backendWalk
 }
 
 // closeLegacy releases the old-named maps without unpinning them.
@@ -554,6 +559,7 @@ func (d *LB) Close() error {
 	d.ctf.close()
 	d.nh.close()
 	d.closeLegacy()
+	d.handles.closeAll()
 	d.coll.Close()
 	return errors.Join(errs...)
 }

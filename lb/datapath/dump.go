@@ -167,6 +167,12 @@ func (d *LB) readTable(svc uint32, id ebpf.MapID) (table []reconciler.BackendID,
 	if info.Name == tombstoneName {
 		return nil, false, nil
 	}
+	table, err = readChunks(m)
+	return table, err == nil, err
+}
+
+// readChunks reads the table inner map m holds.
+func readChunks(m *ebpf.Map) ([]reconciler.BackendID, error) {
 	// One batch read per table rather than one lookup per chunk: a
 	// restart reads back every service's table.
 	n := m.MaxEntries()
@@ -183,29 +189,29 @@ func (d *LB) readTable(svc uint32, id ebpf.MapID) (table []reconciler.BackendID,
 			break
 		}
 		if err != nil {
-			return nil, false, err
+			return nil, err
 		}
 	}
 	if read != int(n) {
-		return nil, false, fmt.Errorf("read %d of the table's %d chunks", read, n)
+		return nil, fmt.Errorf("read %d of the table's %d chunks", read, n)
 	}
 	flat := make([]uint32, 0, int(n)*maglevChunk)
 	for i := range chunks[:read] {
 		if keys[i] != uint32(i) {
-			return nil, false, fmt.Errorf("table chunk %d came back as key %d", i, keys[i])
+			return nil, fmt.Errorf("table chunk %d came back as key %d", i, keys[i])
 		}
 		flat = append(flat, chunks[i][:]...)
 	}
 	if len(flat) == 0 {
-		return nil, false, errors.New("empty table map")
+		return nil, errors.New("empty table map")
 	}
 	size := int(flat[0])
 	if size+1 > len(flat) {
-		return nil, false, fmt.Errorf("table claims %d slots but holds %d", size, len(flat)-1)
+		return nil, fmt.Errorf("table claims %d slots but holds %d", size, len(flat)-1)
 	}
 	out := make([]reconciler.BackendID, size)
 	for i := range out {
 		out[i] = reconciler.BackendID(flat[i+1])
 	}
-	return out, true, nil
+	return out, nil
 }

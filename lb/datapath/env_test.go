@@ -130,6 +130,8 @@ type envOptions struct {
 	snatTimeouts             datapath.SNATTimeouts
 	// maxBackends is the backend map's capacity; 0 means 256.
 	maxBackends uint32
+	// maxServices is the service map's capacity; 0 means 64.
+	maxServices uint32
 	// icmpRate is the ICMP answers' rate limit; 0 sends none.
 	icmpRate uint32
 	// insertRate is datapath.flow_insert_rate; 0 means no limit.
@@ -211,10 +213,13 @@ func (e *env) config(o envOptions) datapath.Config {
 	if o.maxBackends == 0 {
 		o.maxBackends = 256
 	}
+	if o.maxServices == 0 {
+		o.maxServices = 64
+	}
 	return datapath.Config{
 		PinPath:        o.pinPath,
 		Seed:           testSeed,
-		MaxServices:    64,
+		MaxServices:    o.maxServices,
 		MaxBackends:    o.maxBackends,
 		ConntrackMax:   o.conntrackMax,
 		SNATAddresses:  o.snatAddrs,
@@ -245,7 +250,7 @@ func (e *env) load(t testing.TB, o envOptions, svcs []lb.Service) {
 	if err := lbd.LearnInterface("lb0"); err != nil {
 		t.Fatalf("learn lb0: %v", err)
 	}
-	rcfg := reconciler.Config{Seed: testSeed, MaxServices: 64, MaxBackends: e.config(o).MaxBackends}
+	rcfg := reconciler.Config{Seed: testSeed, MaxServices: e.config(o).MaxServices, MaxBackends: e.config(o).MaxBackends}
 	st, err := lbd.State()
 	if err != nil {
 		t.Fatalf("read datapath state: %v", err)

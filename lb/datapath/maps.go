@@ -239,6 +239,18 @@ func (d *LB) SetBackend(id reconciler.BackendID, b reconciler.Backend) error {
 	if uint32(id) == 0 || uint32(id) > d.cfg.MaxBackends {
 		return fmt.Errorf("backend id %d out of range 1..%d", id, d.cfg.MaxBackends)
 	}
+	v := backendValue(b)
+	// Its route before the entry that makes it reachable.
+	d.nh.add(uint32(id), b.Addr.Addr())
+	key := uint32(id)
+	if err := d.backends.Update(&key, &v, ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("write backend %d (%s): %w", id, b.Addr, err)
+	}
+	return d.cache.bump()
+}
+
+// backendValue is the backend map's value for b.
+func backendValue(b reconciler.Backend) bpf.LbBackend {
 	v := bpf.LbBackend{
 		Addr:  b.Addr.Addr().As16(),
 		Port:  htons(b.Addr.Port()),
@@ -258,13 +270,7 @@ func (d *LB) SetBackend(id reconciler.BackendID, b reconciler.Backend) error {
 		// affinity away from it; no Maglev table names it.
 		v.Flags = bpf.LbL4lbBackendFlagsL4LB_BACKEND_DRAINING
 	}
-	// Its route before the entry that makes it reachable.
-	d.nh.add(uint32(id), b.Addr.Addr())
-	key := uint32(id)
-	if err := d.backends.Update(&key, &v, ebpf.UpdateAny); err != nil {
-		return fmt.Errorf("write backend %d (%s): %w", id, b.Addr, err)
-	}
-	return d.cache.bump()
+	return v
 }
 
 // DeleteBackend clears the backend entry at id (an array slot cannot be
@@ -298,6 +304,7 @@ func (d *LB) SetTable(svc reconciler.ServiceID, table []reconciler.BackendID) er
 	if err := d.swaps.before([]uint32{key}); err != nil {
 		return fmt.Errorf("swap in Maglev table for service id %d: %w", svc, err)
 	}
+	d.handles.drop(key)
 	if err := d.maglev.Update(&key, inner, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("swap in Maglev table for service id %d: %w", svc, err)
 	}
@@ -462,6 +469,7 @@ func (d *LB) DeleteTables(svcs []reconciler.ServiceID) []error {
 		return errs
 	}
 	defer tomb.Close()
+	d.tombs.add(tomb)
 	keys := make([]uint32, len(svcs))
 	inners := make([]*ebpf.Map, len(svcs))
 	for i, svc := range svcs {
@@ -499,6 +507,7 @@ func (d *LB) swapIn(keys []uint32, inners []*ebpf.Map, tables bool) []error {
 		return errs
 	}
 	defer func() { d.swaps.after(keys, errs, tables) }()
+	d.handles.drop(keys...)
 	fds := make([]uint32, len(inners))
 	for k, m := range inners {
 		fds[k] = uint32(m.FD())
@@ -560,6 +569,7 @@ func (d *LB) DeleteTable(svc reconciler.ServiceID) error {
 	if err := d.swaps.before([]uint32{key}); err != nil {
 		return fmt.Errorf("delete Maglev table of service id %d: %w", svc, err)
 	}
+	d.handles.drop(key)
 	if err := d.maglev.Delete(&key); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return fmt.Errorf("delete Maglev table of service id %d: %w", svc, err)
 	}
@@ -591,7 +601,7 @@ func (d *LB) adoptServices() error {
 	keys := map[uint32]bpf.LbSvcKey{}
 	it := d.services.Iterate()
 	for it.Next(&k, &v) {
-		fes = append(fes, lb.Frontend{Addr: netip.AddrFrom16(k.Addr).Unmap(), Port: ntohs(k.Port), Proto: lb.Protocol(k.Proto)})
+		fes = append(fes, frontendOf(k))
 		live[v.Id] = v
 		keys[v.Id] = k
 	}

@@ -32,7 +32,16 @@ type Recorder struct {
 	lastReloadOK      prometheus.Gauge
 	lastReloadSuccess prometheus.Gauge
 	refusals          *prometheus.CounterVec
+	drift             *prometheus.CounterVec
+	driftUnrepaired   *prometheus.CounterVec
+	checkLastPass     prometheus.Gauge
+	checkPassDuration prometheus.Gauge
 }
+
+// DriftMaps are the values of the map label of l4lb_datapath_drift_total:
+// the maps the self-check reads back (reconciler.Map*, and the datapath's
+// frontend filter).
+var DriftMaps = []string{"services", "src_ranges", "backends", "maglev", "vip_filter"}
 
 // NewRecorder returns a Recorder; register it (NewRegistry does) to expose
 // its metrics.
@@ -63,6 +72,22 @@ func NewRecorder() *Recorder {
 			Name: "l4lb_service_refusals_total",
 			Help: "Times a service became refused by the datapath, by reason (unsupported, map_full, local_vip); l4lb_services_refused shows the services refused now.",
 		}, []string{labelReason}),
+		drift: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "l4lb_datapath_drift_total",
+			Help: "Differences the self-check found between a control-plane map and what l4lbd programmed, by map (services, src_ranges, backends, maglev, vip_filter); l4lbd writes each back, and l4lb_datapath_drift_repair_failures_total counts those it could not.",
+		}, []string{labelMap}),
+		driftUnrepaired: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "l4lb_datapath_drift_repair_failures_total",
+			Help: "Differences the self-check found but could not write back, by map; the next pass tries again.",
+		}, []string{labelMap}),
+		checkLastPass: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "l4lb_datapath_check_last_pass_timestamp_seconds",
+			Help: "Unix time at which the last self-check pass over the datapath's maps finished.",
+		}),
+		checkPassDuration: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "l4lb_datapath_check_last_pass_seconds",
+			Help: "Wall time of the last self-check pass, the rests that bound its CPU share included.",
+		}),
 	}
 	// Known label values start at zero so rate() and absent-series alerts
 	// work before the first event.
@@ -71,11 +96,16 @@ func NewRecorder() *Recorder {
 	for _, reason := range refusalReasons {
 		r.refusals.WithLabelValues(string(reason))
 	}
+	for _, m := range DriftMaps {
+		r.drift.WithLabelValues(m)
+		r.driftUnrepaired.WithLabelValues(m)
+	}
 	return r
 }
 
 func (r *Recorder) collectors() []prometheus.Collector {
-	return []prometheus.Collector{r.reconcileDuration, r.reconcileErrors, r.reloads, r.lastReloadOK, r.lastReloadSuccess, r.refusals}
+	return []prometheus.Collector{r.reconcileDuration, r.reconcileErrors, r.reloads, r.lastReloadOK, r.lastReloadSuccess, r.refusals,
+		r.drift, r.driftUnrepaired, r.checkLastPass, r.checkPassDuration}
 }
 
 // Describe implements prometheus.Collector.
@@ -140,6 +170,28 @@ func (r *Recorder) ServiceRefused(reason RefusalReason) {
 		return
 	}
 	r.refusals.WithLabelValues(string(reason)).Inc()
+}
+
+// ObserveDrift records one difference the self-check found in map m, and
+// whether writing it back failed.
+func (r *Recorder) ObserveDrift(m string, failed bool) {
+	if r == nil {
+		return
+	}
+	r.drift.WithLabelValues(m).Inc()
+	if failed {
+		r.driftUnrepaired.WithLabelValues(m).Inc()
+	}
+}
+
+// ObserveCheckPass records a self-check pass that finished at end and took
+// took.
+func (r *Recorder) ObserveCheckPass(end time.Time, took time.Duration) {
+	if r == nil {
+		return
+	}
+	r.checkLastPass.Set(unixSeconds(end))
+	r.checkPassDuration.Set(took.Seconds())
 }
 
 func unixSeconds(t time.Time) float64 {

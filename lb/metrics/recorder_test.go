@@ -21,8 +21,32 @@ func TestRecorderExactValues(t *testing.T) {
 	rec.ObserveReload(syncTime.Add(2*time.Minute), errors.New("l4lb.toml:12: unknown key"))
 	rec.ServiceRefused(RefusedMapFull)
 	rec.ServiceRefused(RefusedMapFull)
+	rec.ObserveDrift("maglev", false)
+	rec.ObserveDrift("maglev", true)
+	rec.ObserveDrift("services", false)
+	rec.ObserveCheckPass(syncTime.Add(3*time.Minute), 1500*time.Millisecond)
 
 	want := `
+# HELP l4lb_datapath_check_last_pass_seconds Wall time of the last self-check pass, the rests that bound its CPU share included.
+# TYPE l4lb_datapath_check_last_pass_seconds gauge
+l4lb_datapath_check_last_pass_seconds 1.5
+# HELP l4lb_datapath_check_last_pass_timestamp_seconds Unix time at which the last self-check pass over the datapath's maps finished.
+# TYPE l4lb_datapath_check_last_pass_timestamp_seconds gauge
+l4lb_datapath_check_last_pass_timestamp_seconds 1.7673232255e+09
+# HELP l4lb_datapath_drift_repair_failures_total Differences the self-check found but could not write back, by map; the next pass tries again.
+# TYPE l4lb_datapath_drift_repair_failures_total counter
+l4lb_datapath_drift_repair_failures_total{map="backends"} 0
+l4lb_datapath_drift_repair_failures_total{map="maglev"} 1
+l4lb_datapath_drift_repair_failures_total{map="services"} 0
+l4lb_datapath_drift_repair_failures_total{map="src_ranges"} 0
+l4lb_datapath_drift_repair_failures_total{map="vip_filter"} 0
+# HELP l4lb_datapath_drift_total Differences the self-check found between a control-plane map and what l4lbd programmed, by map (services, src_ranges, backends, maglev, vip_filter); l4lbd writes each back, and l4lb_datapath_drift_repair_failures_total counts those it could not.
+# TYPE l4lb_datapath_drift_total counter
+l4lb_datapath_drift_total{map="backends"} 0
+l4lb_datapath_drift_total{map="maglev"} 2
+l4lb_datapath_drift_total{map="services"} 1
+l4lb_datapath_drift_total{map="src_ranges"} 0
+l4lb_datapath_drift_total{map="vip_filter"} 0
 # HELP l4lb_config_last_reload_success_timestamp_seconds Unix time of the last successful configuration load (the initial one included).
 # TYPE l4lb_config_last_reload_success_timestamp_seconds gauge
 l4lb_config_last_reload_success_timestamp_seconds 1.7673231055e+09

@@ -105,6 +105,12 @@ type Reconciler struct {
 	orphans []*service
 	gen     uint64
 
+	// byID and beOwner index the services (orphans included) by service
+	// id and by the backend ids they hold, reserved ones included, for
+	// the self-check (check.go), which walks the datapath by id.
+	byID    map[ServiceID]*service
+	beOwner map[BackendID]*service
+
 	// touched are the frontends a pass may have changed since the last
 	// Changes, and changesAll is set until the first Changes.
 	touched    map[lb.Frontend]struct{}
@@ -228,6 +234,8 @@ func New(cfg Config, dp Datapath, log *slog.Logger) *Reconciler {
 		svcIDs:      newIDQueue(cfg.MaxServices),
 		beIDs:       newIDQueue(cfg.MaxBackends),
 		services:    make(map[lb.Frontend]*service),
+		byID:        make(map[ServiceID]*service),
+		beOwner:     make(map[BackendID]*service),
 		maxTables:   chunkTables,
 		maxSlots:    chunkSlots,
 		maxServices: chunkServices,
@@ -537,11 +545,13 @@ func (r *Reconciler) prepare(p *pending) error {
 		id, _ := r.svcIDs.pop()
 		v = &service{id: ServiceID(id), fe: d.Frontend, seen: r.gen}
 		r.services[d.Frontend] = v
+		r.byID[v.id] = v
 	}
 	for k := range next {
 		if next[k].id == NoBackend {
 			id, _ := r.beIDs.pop()
 			next[k].id = BackendID(id)
+			r.beOwner[next[k].id] = v
 		}
 	}
 	v.backends = next
@@ -691,13 +701,13 @@ func (r *Reconciler) finish(p *pending) error {
 	for _, b := range v.backends {
 		if !b.wanted && err == nil {
 			if !b.programmed {
-				r.beIDs.push(uint32(b.id))
+				r.releaseBackend(b.id)
 				continue
 			}
 			if e := r.dp.DeleteBackend(b.id); e != nil {
 				err = fmt.Errorf("service %q: DeleteBackend %d (%s): %w; the next reconcile retries", d.Name, b.id, b.addr, e)
 			} else {
-				r.beIDs.push(uint32(b.id))
+				r.releaseBackend(b.id)
 				p.ops++
 				r.log.Debug("backend deleted", "service", d.Name, "backend", b.addr, "id", b.id)
 				continue
@@ -820,16 +830,23 @@ func (r *Reconciler) dropBackends(v *service) error {
 				return fmt.Errorf("%s: DeleteBackend %d (%s): %w; the next reconcile retries", v.label(), b.id, b.addr, err)
 			}
 		}
-		r.beIDs.push(uint32(b.id))
+		r.releaseBackend(b.id)
 		v.backends = v.backends[1:]
 	}
 	r.svcIDs.push(uint32(v.id))
+	delete(r.byID, v.id)
 	if r.services[v.fe] == v {
 		delete(r.services, v.fe)
 	}
 	r.log.Info("service removed", "service", v.name, "frontend", v.fe, "id", v.id)
 	v.id = NoService
 	return nil
+}
+
+// releaseBackend returns a backend id to the free list.
+func (r *Reconciler) releaseBackend(id BackendID) {
+	r.beIDs.push(uint32(id))
+	delete(r.beOwner, id)
 }
 
 // label names a service in errors about removing it; a restored service may

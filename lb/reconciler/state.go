@@ -148,7 +148,9 @@ func NewFromState(cfg Config, dp Datapath, log *slog.Logger, st State) (*Reconci
 		for _, b := range s.Backends {
 			beIDs = append(beIDs, uint32(b.ID))
 			v.backends = append(v.backends, backend{addr: b.Addr, id: b.ID, state: b.State, programmed: true})
+			r.beOwner[b.ID] = v
 		}
+		r.byID[v.id] = v
 		slices.SortFunc(v.backends, func(a, b backend) int { return a.addr.Compare(b.addr) })
 		if v.fe.Addr.IsValid() {
 			r.services[v.fe] = v

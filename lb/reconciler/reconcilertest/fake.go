@@ -5,7 +5,10 @@
 // same three maps the BPF datapath holds (service entries by frontend,
 // backends by id, Maglev tables by service id), records every operation,
 // injects failures, checks the rules a half-programmed datapath would break,
-// and prints its maps as a stable text dump for golden files.
+// and prints its maps as a stable text dump for golden files. It also reads
+// its maps back for the self-check (it implements reconciler.Reader), and
+// Tamper changes them behind the reconciler's back as an operator or a
+// bug would change the kernel's.
 //
 // Like the BPF datapath, the Fake batches table swaps (it implements
 // reconciler.TableBatcher); Unbatched hides that, so tests can drive both
