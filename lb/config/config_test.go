@@ -45,6 +45,12 @@ func base() *Config {
 	return c
 }
 
+// noBackends is the warning of the service at index i, line, without
+// backends.
+func noBackends(line, i int, name string) *Error {
+	return &Error{File: "test.toml", Line: line, Service: name, Key: indexPath("service", i), Msg: noBackendsMsg}
+}
+
 func addr(s string) netip.Addr     { return netip.MustParseAddr(s) }
 func ap(s string) netip.AddrPort   { return netip.MustParseAddrPort(s) }
 func prefix(s string) netip.Prefix { return netip.MustParsePrefix(s) }
@@ -282,6 +288,7 @@ type = "none"
 						Source: "file:test.toml",
 					},
 				}
+				c.Warnings = ErrorList{noBackends(8, 0, "a"), noBackends(16, 1, "b"), noBackends(25, 2, "c")}
 				return c
 			},
 		},
@@ -368,6 +375,7 @@ protocol = "tcp"
 					{Name: "dns-udp", Frontend: fe("10.0.0.53", 53, lb.UDP), Source: "file:test.toml"},
 					{Name: "dns-tcp", Frontend: fe("10.0.0.53", 53, lb.TCP), Source: "file:test.toml"},
 				}
+				c.Warnings = ErrorList{noBackends(8, 0, "dns-udp"), noBackends(13, 1, "dns-tcp")}
 				return c
 			},
 		},

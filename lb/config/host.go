@@ -9,6 +9,7 @@ import (
 	"maps"
 	"net/netip"
 	"slices"
+	"strings"
 
 	"github.com/l4lb/l4lb/lb"
 )
@@ -37,6 +38,9 @@ type Host struct {
 	MemoryAvailable uint64
 	// EphemeralPorts is the kernel's net.ipv4.ip_local_port_range.
 	EphemeralPorts [2]uint16
+	// Interfaces are the names of the box's network interfaces (in
+	// l4lbd's network namespace): datapath.interfaces must name some.
+	Interfaces []string
 }
 
 // MapMemory is the kernel memory of the datapath maps, in bytes.
@@ -85,6 +89,7 @@ func (c *checker) host(raw *rawFile, cfg *Config, h *Host) {
 		}
 	}
 	c.hostAddresses(raw, cfg, h)
+	c.hostDatapath(cfg, h)
 	c.hostPools(raw, h)
 	// The estimate of a file with errors would be of defaults it did not mean.
 	if h.MapMemory != nil && len(c.errs) == 0 {
@@ -150,6 +155,30 @@ func vipHostProblem(fe lb.Frontend, h *Host) (string, []any) {
 		}
 	}
 	return "", nil
+}
+
+// hostDatapath refuses interfaces the box does not have and SNAT addresses
+// it does not hold: l4lbd would fail to attach to the one, and the replies
+// to the other would be routed to whoever holds it (or nowhere).
+func (c *checker) hostDatapath(cfg *Config, h *Host) {
+	s := scope{c: c}.sub("datapath")
+	if len(h.Interfaces) > 0 {
+		for i, name := range cfg.Datapath.Interfaces {
+			if !slices.Contains(h.Interfaces, name) {
+				key := indexPath("interfaces", i)
+				s.errorf(key, "%s: this box has no interface %q (it has %s): l4lbd could not attach to it; name one of them (`ip link` lists them)",
+					s.name(key), name, strings.Join(h.Interfaces, ", "))
+			}
+		}
+	}
+	if len(h.Addresses) > 0 {
+		for i, a := range cfg.Datapath.SNATAddresses {
+			if _, ok := boxAddress(a, h.Addresses); !ok {
+				key := indexPath("snat_addresses", i)
+				s.errorf(key, "%s: %s is not an address of this box: replies to SNAT-ed connections would be routed to whoever holds it, not back here; add it to an interface (ip addr add) or use one the box holds", s.name(key), a)
+			}
+		}
+	}
 }
 
 // hostPools refuses Kubernetes pools that hold one of the box's own
