@@ -25,6 +25,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/l4lb/l4lb/internal/clidoc"
+	"github.com/l4lb/l4lb/internal/runlock"
 	"github.com/l4lb/l4lb/lb/config"
 	"github.com/l4lb/l4lb/lb/daemon"
 	"github.com/l4lb/l4lb/lb/datapath"
@@ -230,6 +231,12 @@ source; no VIP on lo is needed, and the replies must leave through
 			if maxFlows == 0 {
 				return errors.New("--max-flows must be at least 1")
 			}
+			// Nothing is loaded or pinned before the locks are held.
+			lock, err := runlock.LockCompanion(pin)
+			if err != nil {
+				return err
+			}
+			defer lock.Release()
 			c, err := datapath.LoadCompanion(datapath.CompanionConfig{PinPath: pin, MaxFlows: maxFlows, Log: log})
 			if err != nil {
 				return err

@@ -133,6 +133,23 @@ func TestSecondDaemonRefused(t *testing.T) {
 		t.Errorf("l4lbd sharing only the pins: err %v, said:\n%s\nwant %q", err, log, want)
 	}
 
+	// Its own socket and pins, the same interface at tc (what the XDP
+	// attach error suggests): the interface is locked.
+	pins := filepath.Join(tp.PinRoot, "lb-tc")
+	t.Cleanup(func() {
+		runQuiet(l4lbd(), "--bpffs", pins, "--admin-socket", filepath.Join(filepath.Dir(other), "tc.sock"), "--cleanup")
+	})
+	writeFile(t, other, strings.NewReplacer(d.Socket, filepath.Join(filepath.Dir(other), "tc.sock"), d.PinDir, pins,
+		`attach        = "xdp"`, `attach        = "tc"`).Replace(string(cfg)))
+	log, err = runToExit(t, lb, "--config", other)
+	want = fmt.Sprintf("interface eth0 is served by another l4lbd (pid %d, lock /run/l4lb/interfaces/", st.PID)
+	if err == nil || !strings.Contains(log, want) || !strings.Contains(log, "one load balancer per interface") {
+		t.Errorf("l4lbd at tc on the same interface: err %v, said:\n%s\nwant %q", err, log, want)
+	}
+	if _, err := os.Stat(pins); !os.IsNotExist(err) {
+		t.Errorf("the refused l4lbd created %s: %v", pins, err)
+	}
+
 	// Nothing of the first daemon was touched.
 	if after, err := os.Stat(d.Socket); err != nil || !os.SameFile(sockInfo, after) {
 		t.Errorf("the running daemon's socket was replaced or removed: %v", err)
@@ -145,6 +162,32 @@ func TestSecondDaemonRefused(t *testing.T) {
 	}
 	if err := serves(t, tp); err != nil {
 		t.Errorf("traffic after the attempts: %v", err)
+	}
+}
+
+// TestSecondCompanionRefused: a second backend companion on a host exits
+// naming the first, whatever its --bpffs; the first keeps its pins and its
+// traffic.
+func TestSecondCompanionRefused(t *testing.T) {
+	tp, _ := lifecycleRig(t)
+	be := tp.Backends[0]
+	pins := filepath.Join(tp.PinRoot, be.Name+"-companion")
+	before, err := os.ReadDir(pins)
+	if err != nil || len(before) == 0 {
+		t.Fatalf("the companion's pins: %v %v", before, err)
+	}
+	for _, dir := range []string{pins, filepath.Join(tp.PinRoot, be.Name+"-companion2")} {
+		log, err := runToExit(t, be, "backend", "--interface", be.Iface, "--bpffs", dir, "--vip", "192.0.2.99")
+		if err == nil || !strings.Contains(log, "another backend companion runs on this host (pid ") {
+			t.Errorf("second companion on --bpffs %s: %v\n%s", dir, err, log)
+		}
+	}
+	after, err := os.ReadDir(pins)
+	if err != nil || len(after) != len(before) {
+		t.Errorf("the first companion's pins after the refusals: %d entries (was %d), %v", len(after), len(before), err)
+	}
+	if err := serves(t, tp); err != nil {
+		t.Errorf("traffic after the refusals: %v", err)
 	}
 }
 
