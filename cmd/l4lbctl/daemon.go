@@ -291,9 +291,10 @@ func backendCmd(g *globals) *cobra.Command {
 		{api.ActionClear, "drop the override: back to the configured state"},
 	} {
 		cmd.AddCommand(&cobra.Command{
-			Use:   string(a.action) + " SERVICE ADDRESS:PORT",
-			Short: a.short,
-			Args:  cobra.ExactArgs(2),
+			Use:               string(a.action) + " SERVICE ADDRESS:PORT",
+			Short:             a.short,
+			Args:              cobra.ExactArgs(2),
+			ValidArgsFunction: completeServiceBackend(g),
 			RunE: func(cmd *cobra.Command, args []string) error {
 				be, err := netip.ParseAddrPort(args[1])
 				if err != nil {

@@ -63,9 +63,10 @@ closing or idle TCP flows). See docs/operations.md.`,
 	list.Flags().BoolVar(&withBackends, "backends", false, "list every service's backends under it")
 	cmd.AddCommand(list)
 	cmd.AddCommand(&cobra.Command{
-		Use:   "get NAME",
-		Short: "show one service and its backends",
-		Args:  cobra.ExactArgs(1),
+		Use:               "get NAME",
+		Short:             "show one service and its backends",
+		Args:              cobra.ExactArgs(1),
+		ValidArgsFunction: completeServiceNames(g, 0),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			s, err := api.NewClient(g.socket).Service(cmd.Context(), args[0])
 			if err != nil {
@@ -211,6 +212,7 @@ few hundred MB of text.`,
 		},
 	}
 	list.Flags().StringVar(&q.Service, "service", "", "only this service's flows")
+	_ = list.RegisterFlagCompletionFunc("service", completeServiceNames(g, -1))
 	list.Flags().StringVar(&q.Backend, "backend", "", "only this backend's flows (ip:port; of every service that has it)")
 	list.Flags().IntVar(&q.Limit, "limit", 1000, "list at most this many flows (0: all)")
 	cmd.AddCommand(list, flushCmd(g))
@@ -278,6 +280,7 @@ is left, and wait for ACTIVE to reach 0 if you want no flow cut.`,
 	}
 	cmd.Flags().StringVar(&req.Backend, "backend", "", "flush this backend's flows (ip:port)")
 	cmd.Flags().StringVar(&req.Service, "service", "", "flush this service's flows (with --backend: only that backend's of this service)")
+	_ = cmd.RegisterFlagCompletionFunc("service", completeServiceNames(g, -1))
 	cmd.Flags().BoolVar(&req.All, "all", false, "flush every flow of every service")
 	return cmd
 }

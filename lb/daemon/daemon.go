@@ -253,6 +253,9 @@ func datapathConfig(cfg *config.Config, log *slog.Logger) datapath.Config {
 // packet (`l4lbd --cleanup` removes them).
 func (d *Daemon) Run(ctx context.Context) error {
 	cfg := d.cfg
+	if err := datapath.CheckCapabilities("l4lbd"); err != nil {
+		return err
+	}
 	// Nothing of the state (pins, socket, overrides) is touched before the
 	// lock is held.
 	lock, err := Acquire(cfg)

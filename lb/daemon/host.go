@@ -34,6 +34,13 @@ func HostFacts() *config.Host {
 			}
 			return fi.Mode(), true
 		},
+		Stat: func(path string) (fs.FileMode, bool) {
+			fi, err := os.Stat(path)
+			if err != nil {
+				return 0, false
+			}
+			return fi.Mode(), true
+		},
 		PinPath:         datapath.CheckPinPath,
 		MapMemory:       MapMemory,
 		MemoryAvailable: memoryAvailable(),

@@ -165,6 +165,27 @@ func TestSecondDaemonRefused(t *testing.T) {
 	}
 }
 
+// TestStopIsLogged: SIGTERM is in l4lbd's log, with what stopping means,
+// and a stopped l4lbd leaves no lock file; its datapath keeps forwarding.
+func TestStopIsLogged(t *testing.T) {
+	tp, d := lifecycleRig(t)
+	if err := d.Stop(); err != nil {
+		t.Fatalf("stop: %v\n%s", err, d.Log())
+	}
+	for _, want := range []string{"l4lbd stopping; the datapath stays attached and keeps forwarding", "signal=terminated", "l4lbd stopped"} {
+		if !strings.Contains(d.Log(), want) {
+			t.Errorf("log lacks %q:\n%s", want, d.Log())
+		}
+	}
+	lock := strings.TrimSuffix(d.Socket, ".sock") + ".lock"
+	if _, err := os.Stat(lock); !os.IsNotExist(err) {
+		t.Errorf("lock file %s left after the stop: %v", lock, err)
+	}
+	if err := serves(t, tp); err != nil {
+		t.Errorf("traffic with l4lbd stopped: %v", err)
+	}
+}
+
 // TestSecondCompanionRefused: a second backend companion on a host exits
 // naming the first, whatever its --bpffs; the first keeps its pins and its
 // traffic.
@@ -911,7 +932,9 @@ func TestConfigCheckAsUser(t *testing.T) {
 		t.Fatal(err)
 	}
 	path := filepath.Join(dir, "l4lb.toml")
-	cfg := strings.NewReplacer("{{socket}}", filepath.Join(dir, "l4lb.sock"), "{{bpffs}}", filepath.Join(root, "l4lb")).Replace(oneBackendConfig())
+	// The check runs on the host: name an interface every host has.
+	cfg := strings.NewReplacer("{{socket}}", filepath.Join(dir, "l4lb.sock"), "{{bpffs}}", filepath.Join(root, "l4lb"),
+		`interfaces    = ["eth0"]`, `interfaces    = ["lo"]`).Replace(oneBackendConfig())
 	if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}
