@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"slices"
+	"time"
 
 	"github.com/l4lb/l4lb/lb"
 	"github.com/l4lb/l4lb/lb/api"
@@ -212,12 +213,18 @@ func (d *Daemon) Conntrack() (api.Conntrack, error) {
 	if d.dp == nil {
 		return api.Conntrack{}, errors.New("datapath not loaded")
 	}
-	n, err := d.dp.ConntrackEntriesWithin(countMaxAge)
+	return conntrackOf(d.dp, countMaxAge)
+}
+
+// conntrackOf is the connection table's fill of dp, counted at most maxAge
+// ago, and its insert failures.
+func conntrackOf(dp *datapath.LB, maxAge time.Duration) (api.Conntrack, error) {
+	n, err := dp.ConntrackEntriesWithin(maxAge)
 	if err != nil {
 		return api.Conntrack{}, err
 	}
-	ct := api.Conntrack{Entries: n, Capacity: d.dp.ConntrackCapacity()}
-	if reasons, err := d.dp.Reasons(); err == nil {
+	ct := api.Conntrack{Entries: n, Capacity: dp.ConntrackCapacity()}
+	if reasons, err := dp.Reasons(); err == nil {
 		ct.InsertFailures = reasons["event_ct_insert_failed"].Packets
 	}
 	return ct, nil

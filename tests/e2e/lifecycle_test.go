@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/l4lb/l4lb/internal/testnet"
+	"github.com/l4lb/l4lb/lb/api"
 	"github.com/l4lb/l4lb/lb/config"
 	"github.com/l4lb/l4lb/tests/topo"
 )
@@ -183,6 +184,53 @@ func TestStopIsLogged(t *testing.T) {
 	}
 	if err := serves(t, tp); err != nil {
 		t.Errorf("traffic with l4lbd stopped: %v", err)
+	}
+}
+
+// TestOfflineReading: with l4lbd stopped (its datapath still forwarding),
+// l4lbctl reads services, counters and the connection table from the pins,
+// saying so on stderr; --offline does the same while it runs. What needs
+// the daemon (a drain) still fails.
+func TestOfflineReading(t *testing.T) {
+	tp, d := lifecycleRig(t)
+	if err := serves(t, tp); err != nil {
+		t.Fatal(err)
+	}
+	ctl := func(args ...string) (stdout, stderr string, err error) {
+		cmd := exec.Command(filepath.Join(bin, "l4lbctl"), append([]string{"--socket", d.Socket, "--config", d.Config}, args...)...)
+		var o, e strings.Builder
+		cmd.Stdout, cmd.Stderr = &o, &e
+		err = cmd.Run()
+		return o.String(), e.String(), err
+	}
+	out, errOut, err := ctl("--offline", "service", "list")
+	if err != nil || !strings.Contains(out, "web4") || !strings.Contains(errOut, "reading the datapath pinned under "+d.PinDir) {
+		t.Errorf("--offline while running: %v\n%s%s", err, out, errOut)
+	}
+	if err := d.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	out, errOut, err = ctl("service", "list", "--backends")
+	if err != nil || !strings.Contains(errOut, "no l4lbd answers on "+d.Socket) || !strings.Contains(errOut, "service names from "+d.Config) {
+		t.Errorf("service list with l4lbd stopped: %v\n%s%s", err, out, errOut)
+	}
+	for _, want := range []string{"web4", "dns6", topo.Prefix4 + "21:80"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("service list lacks %q:\n%s", want, out)
+		}
+	}
+	out, _, err = ctl("-o", "json", "service", "get", "web4")
+	var svc api.Service
+	if err != nil || json.Unmarshal([]byte(out), &svc) != nil || svc.Frontend != vip4.String()+":80/tcp" || len(svc.Backends) != 1 ||
+		svc.Backends[0].Slots != 1021 || svc.Counters.Packets == 0 || svc.Source != "pinned ("+d.PinDir+")" {
+		t.Errorf("service get web4 -o json with l4lbd stopped: %v\n%s", err, out)
+	}
+	out, _, err = ctl("conntrack", "stats")
+	if err != nil || !regexp.MustCompile(`entries [1-9]\d* of 65536`).MatchString(out) {
+		t.Errorf("conntrack stats with l4lbd stopped: %v\n%s", err, out)
+	}
+	if out, errOut, err := ctl("backend", "drain", "web4", topo.Prefix4+"21:80"); err == nil {
+		t.Errorf("a drain without l4lbd succeeded:\n%s%s", out, errOut)
 	}
 }
 
