@@ -467,6 +467,32 @@ func TestAdminSocketNotASocket(t *testing.T) {
 	}
 }
 
+// TestWorldWritableConfigRefused: a config file every user can write is
+// refused by config check and at reload (the running one keeps serving);
+// made private again, it reloads.
+func TestWorldWritableConfigRefused(t *testing.T) {
+	tp, d := lifecycleRig(t)
+	if err := os.Chmod(d.Config, 0o666); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(filepath.Join(bin, "l4lbctl"), "config", "check", d.Config).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "the file is writable by every user (mode 0666)") {
+		t.Errorf("config check of a world-writable file: %v\n%s", err, out)
+	}
+	if rl := d.Reload(); rl.OK || !strings.Contains(rl.Error, "writable by every user") {
+		t.Errorf("reload of a world-writable file: %+v", rl)
+	}
+	if err := serves(t, tp); err != nil {
+		t.Errorf("traffic after the refused reload: %v", err)
+	}
+	if err := os.Chmod(d.Config, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if rl := d.Reload(); !rl.OK {
+		t.Errorf("reload of the file made private again: %+v", rl)
+	}
+}
+
 // TestConfigNotARegularFile: a config path that becomes a FIFO or a device
 // is refused at once on reload; the control loop stays responsive and
 // SIGTERM still stops the daemon.
