@@ -30,8 +30,11 @@ func configCmd(g *globals) *cobra.Command {
 		Use:   "check FILE",
 		Short: "validate a configuration file as l4lbd would on this box; exits non-zero and prints every error",
 		Long: `Validates FILE exactly as l4lbd does at start and on reload: the file
-itself, and what it means on this box (VIPs that are the box's own
-addresses, an admin socket path holding another file, bpffs, the kernel
+itself, across its services (a backend at another service's VIP, weights
+that leave a backend no Maglev slot, a service without backends: a
+warning), and what it means on this box (VIPs or backends that are the
+box's own addresses, interfaces it does not have, SNAT addresses it does
+not hold, an admin socket path holding another file, bpffs, the kernel
 memory the datapath maps need against the memory available, SNAT ports
 overlapping the kernel's ephemeral range). Prints the memory estimate
 ("maps: ≈ N MiB") and any warning. --no-host-checks checks a file written
@@ -326,9 +329,10 @@ func backendCmd(g *globals) *cobra.Command {
 		{api.ActionClear, "drop the override: back to the configured state"},
 	} {
 		cmd.AddCommand(&cobra.Command{
-			Use:   string(a.action) + " SERVICE ADDRESS:PORT",
-			Short: a.short,
-			Args:  cobra.ExactArgs(2),
+			Use:               string(a.action) + " SERVICE ADDRESS:PORT",
+			Short:             a.short,
+			Args:              cobra.ExactArgs(2),
+			ValidArgsFunction: completeServiceBackend(g),
 			RunE: func(cmd *cobra.Command, args []string) error {
 				be, err := netip.ParseAddrPort(args[1])
 				if err != nil {

@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/l4lb/l4lb/lb/api"
+	"github.com/l4lb/l4lb/lb/daemon"
 )
 
 // interfaceLine is one interface in `l4lbctl status`: what the kernel
@@ -47,7 +48,14 @@ datapath.snat_timeouts.tcp; inactive are all other entries (UDP flows,
 closing or idle TCP flows). See docs/operations.md.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			svcs, err := api.NewClient(g.socket).Services(cmd.Context())
+			var svcs []api.Service
+			err := g.ask(cmd, func(c *api.Client) (err error) {
+				svcs, err = c.Services(cmd.Context())
+				return err
+			}, func(p *daemon.Pinned) error {
+				svcs = p.Services()
+				return nil
+			})
 			if err != nil {
 				return err
 			}
@@ -63,11 +71,19 @@ closing or idle TCP flows). See docs/operations.md.`,
 	list.Flags().BoolVar(&withBackends, "backends", false, "list every service's backends under it")
 	cmd.AddCommand(list)
 	cmd.AddCommand(&cobra.Command{
-		Use:   "get NAME",
-		Short: "show one service and its backends",
-		Args:  cobra.ExactArgs(1),
+		Use:               "get NAME",
+		Short:             "show one service and its backends",
+		Args:              cobra.ExactArgs(1),
+		ValidArgsFunction: completeServiceNames(g, 0),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			s, err := api.NewClient(g.socket).Service(cmd.Context(), args[0])
+			var s api.Service
+			err := g.ask(cmd, func(c *api.Client) (err error) {
+				s, err = c.Service(cmd.Context(), args[0])
+				return err
+			}, func(p *daemon.Pinned) (err error) {
+				s, err = p.Service(args[0])
+				return err
+			})
 			if err != nil {
 				return err
 			}
@@ -157,7 +173,14 @@ func conntrackCmd(g *globals) *cobra.Command {
 		Short: "entries, capacity and insert failures of the connection table",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			ct, err := api.NewClient(g.socket).Conntrack(cmd.Context())
+			var ct api.Conntrack
+			err := g.ask(cmd, func(c *api.Client) (err error) {
+				ct, err = c.Conntrack(cmd.Context())
+				return err
+			}, func(p *daemon.Pinned) (err error) {
+				ct, err = p.Conntrack()
+				return err
+			})
 			if err != nil {
 				return err
 			}
@@ -211,6 +234,7 @@ few hundred MB of text.`,
 		},
 	}
 	list.Flags().StringVar(&q.Service, "service", "", "only this service's flows")
+	_ = list.RegisterFlagCompletionFunc("service", completeServiceNames(g, -1))
 	list.Flags().StringVar(&q.Backend, "backend", "", "only this backend's flows (ip:port; of every service that has it)")
 	list.Flags().IntVar(&q.Limit, "limit", 1000, "list at most this many flows (0: all)")
 	cmd.AddCommand(list, flushCmd(g))
@@ -278,6 +302,7 @@ is left, and wait for ACTIVE to reach 0 if you want no flow cut.`,
 	}
 	cmd.Flags().StringVar(&req.Backend, "backend", "", "flush this backend's flows (ip:port)")
 	cmd.Flags().StringVar(&req.Service, "service", "", "flush this service's flows (with --backend: only that backend's of this service)")
+	_ = cmd.RegisterFlagCompletionFunc("service", completeServiceNames(g, -1))
 	cmd.Flags().BoolVar(&req.All, "all", false, "flush every flow of every service")
 	return cmd
 }

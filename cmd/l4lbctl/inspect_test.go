@@ -243,3 +243,35 @@ func TestStatusShowsAttachedMode(t *testing.T) {
 		}
 	}
 }
+
+// TestCompletionServiceNames: shell completion offers the running l4lbd's
+// service names and a service's backends, and nothing (no file names, no
+// hang) when no l4lbd answers.
+func TestCompletionServiceNames(t *testing.T) {
+	sock := inspectDaemon(t, &inspectProvider{})
+	for _, tt := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"service", "get", ""}, []string{"web\t10.0.0.10:80/tcp"}},
+		{[]string{"service", "get", "x"}, nil},
+		{[]string{"backend", "drain", "w"}, []string{"web\t10.0.0.10:80/tcp"}},
+		{[]string{"backend", "drain", "web", "10.1.0.1"}, []string{"10.1.0.11:80\tactive", "10.1.0.12:80\tdraining"}},
+		{[]string{"conntrack", "list", "--service", ""}, []string{"web\t10.0.0.10:80/tcp"}},
+		{[]string{"maglev", "table", "--service", "we"}, []string{"web\t10.0.0.10:80/tcp"}},
+	} {
+		out, _, err := run(t, append([]string{"--socket", sock, "__complete"}, tt.args...)...)
+		if err != nil {
+			t.Fatalf("%v: %v", tt.args, err)
+		}
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		got := lines[:len(lines)-1] // the last line is the directive
+		if fmt.Sprint(got) != fmt.Sprint(tt.want) || lines[len(lines)-1] != ":4" {
+			t.Errorf("complete %q: %q, want %q and :4 (no file names)", tt.args, lines, tt.want)
+		}
+	}
+	out, _, err := run(t, "--socket", filepath.Join(t.TempDir(), "none.sock"), "__complete", "service", "get", "")
+	if err != nil || strings.TrimSpace(out) != ":4" {
+		t.Errorf("without a daemon: %v %q", err, out)
+	}
+}

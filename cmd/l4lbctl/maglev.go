@@ -40,10 +40,11 @@ func maglevCmd(g *globals) *cobra.Command {
 	return cmd
 }
 
-func (a *maglevArgs) flags(cmd *cobra.Command) {
+func (a *maglevArgs) flags(cmd *cobra.Command, g *globals) {
 	cmd.Flags().StringVar(&a.seed, "seed", "", "maglev.hash_seed (32 hex digits), to compute offline")
 	cmd.Flags().Uint32Var(&a.size, "size", 16381, "table size (a prime), to compute offline")
 	cmd.Flags().StringVar(&a.service, "service", "", "ask the running l4lbd about this service's live table instead")
+	_ = cmd.RegisterFlagCompletionFunc("service", completeServiceNames(g, -1))
 	cmd.MarkFlagsMutuallyExclusive("seed", "service")
 	cmd.MarkFlagsOneRequired("seed", "service")
 }
@@ -139,7 +140,7 @@ func maglevTableCmd(g *globals) *cobra.Command {
 			return printTable(out, seed, a.size, bs, table)
 		},
 	}
-	a.flags(cmd)
+	a.flags(cmd, g)
 	return cmd
 }
 
@@ -257,7 +258,7 @@ func maglevLookupCmd(g *globals) *cobra.Command {
 			return nil
 		},
 	}
-	a.flags(cmd)
+	a.flags(cmd, g)
 	cmd.Flags().StringVar(&src, "src", "", "client address")
 	cmd.Flags().StringVar(&dst, "dst", "", "VIP")
 	cmd.Flags().Uint16Var(&sport, "sport", 0, "client port")

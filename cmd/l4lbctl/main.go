@@ -85,6 +85,10 @@ func usageError(format string, args ...any) error {
 type globals struct {
 	output string
 	socket string
+	// offline reads the pinned datapath instead of asking l4lbd; config
+	// names its bpffs directory and services.
+	offline bool
+	config  string
 }
 
 func root() *cobra.Command {
@@ -98,6 +102,8 @@ func root() *cobra.Command {
 	}
 	cmd.PersistentFlags().StringVarP(&g.output, "output", "o", "table", "output format: table or json")
 	cmd.PersistentFlags().StringVar(&g.socket, "socket", "/run/l4lb/l4lb.sock", "l4lbd admin socket")
+	cmd.PersistentFlags().BoolVar(&g.offline, "offline", false, "service list|get and conntrack stats: read the datapath pinned under daemon.bpffs of --config instead of asking l4lbd (they do so by themselves when no l4lbd answers)")
+	cmd.PersistentFlags().StringVar(&g.config, "config", "/etc/l4lb/l4lb.toml", "with --offline (or no l4lbd answering): the config whose daemon.bpffs to read and whose services name the pinned ones")
 	cmd.PersistentPreRunE = func(*cobra.Command, []string) error {
 		if g.output != "table" && g.output != "json" {
 			return usageError("--output %q: want table or json", g.output)

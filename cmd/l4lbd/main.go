@@ -25,6 +25,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/l4lb/l4lb/internal/clidoc"
+	"github.com/l4lb/l4lb/internal/runlock"
 	"github.com/l4lb/l4lb/lb/config"
 	"github.com/l4lb/l4lb/lb/daemon"
 	"github.com/l4lb/l4lb/lb/datapath"
@@ -76,10 +77,13 @@ func root() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-			defer stop()
+			ctx := stopOnSignal(log, "l4lbd stopping; the datapath stays attached and keeps forwarding (pinned under "+cfg.Daemon.BPFFS+")")
 			go reloadOnHUP(ctx, d)
-			return d.Run(ctx)
+			err = d.Run(ctx)
+			if err == nil {
+				log.Info("l4lbd stopped")
+			}
+			return err
 		},
 	}
 	cmd.Flags().StringVarP(&path, "config", "c", "/etc/l4lb/l4lb.toml", "configuration file")
@@ -195,6 +199,23 @@ func reloadOnHUP(ctx context.Context, d *daemon.Daemon) {
 	}
 }
 
+// stopOnSignal returns a context that ends at the first SIGTERM or SIGINT,
+// having logged which signal came and what stopping means (msg): a stop is
+// in the log, whoever sent it. A second signal stops the process at once,
+// as Go does without a handler.
+func stopOnSignal(log *slog.Logger, msg string) context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
+	go func() {
+		s := <-sig
+		log.Info(msg, "signal", s.String())
+		signal.Reset(syscall.SIGTERM, syscall.SIGINT)
+		cancel()
+	}()
+	return ctx
+}
+
 func backendCmd() *cobra.Command {
 	var (
 		iface    string
@@ -230,6 +251,15 @@ source; no VIP on lo is needed, and the replies must leave through
 			if maxFlows == 0 {
 				return errors.New("--max-flows must be at least 1")
 			}
+			if err := datapath.CheckCapabilities("l4lbd backend"); err != nil {
+				return err
+			}
+			// Nothing is loaded or pinned before the locks are held.
+			lock, err := runlock.LockCompanion(pin)
+			if err != nil {
+				return err
+			}
+			defer lock.Release()
 			c, err := datapath.LoadCompanion(datapath.CompanionConfig{PinPath: pin, MaxFlows: maxFlows, Log: log})
 			if err != nil {
 				return err
@@ -241,11 +271,9 @@ source; no VIP on lo is needed, and the replies must leave through
 			if err := c.Attach(iface); err != nil {
 				return err
 			}
-			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-			defer stop()
+			ctx := stopOnSignal(log, "backend companion stopping; it detaches and removes its pins")
 			log.Info("backend companion running", "interface", iface, "vips", vips)
 			<-ctx.Done()
-			log.Info("backend companion stopping", "interface", iface)
 			return nil
 		},
 	}

@@ -37,3 +37,25 @@ func BenchmarkParse(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkParserReload is a reload of a large file that changed one
+// backend: the Parser decodes one block and runs the rules across the
+// whole file's services.
+func BenchmarkParserReload(b *testing.B) {
+	data := bigConfig(4096, 16)
+	edited := []byte(strings.Replace(string(data), "weight = 2\n", "weight = 3\n", 1))
+	p := NewParser()
+	if _, err := p.Parse("big.toml", data, Options{}); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		in := data
+		if i%2 == 0 {
+			in = edited
+		}
+		if _, err := p.Parse("big.toml", in, Options{}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

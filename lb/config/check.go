@@ -375,6 +375,24 @@ func (s scope) errorf(key, format string, args ...any) {
 	s.c.errs[len(s.c.errs)-1].Key = path
 }
 
+// problem records msg, a message this package composed (its values
+// clipped already), at key's line as errorf does.
+func (s scope) problem(key, msg string) {
+	path := joinPath(s.path, key)
+	s.c.errs = append(s.c.errs, &Error{File: s.c.file, Line: s.c.line(path), Service: s.service, Backend: s.backend, Key: path, Msg: msg})
+}
+
+// warnf records a warning at key's line (or the table's when the key is
+// absent), naming the scope's service and backend as errorf does.
+func (s scope) warnf(key, format string, args ...any) {
+	path := s.path
+	if key != "" {
+		path = joinPath(s.path, key)
+	}
+	s.c.warns = append(s.c.warns, &Error{File: s.c.file, Line: s.c.line(path), Service: s.service, Backend: s.backend, Key: path,
+		Msg: clipQuoted(fmt.Sprintf(format, clipArgs(args)...))})
+}
+
 // kindOf names the type of a decoded value for "want X, got Y" messages.
 func (s scope) kindOf(v any) string {
 	switch v := v.(type) {

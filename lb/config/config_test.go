@@ -4,6 +4,7 @@ package config
 
 import (
 	"errors"
+	"io/fs"
 	"log/slog"
 	"net/netip"
 	"os"
@@ -43,6 +44,12 @@ func base() *Config {
 	c.Datapath.Interfaces = []string{"eth0"}
 	c.Maglev.Seed = testSeed
 	return c
+}
+
+// noBackends is the warning of the service at index i, line, without
+// backends.
+func noBackends(line, i int, name string) *Error {
+	return &Error{File: "test.toml", Line: line, Service: name, Key: indexPath("service", i), Msg: noBackendsMsg}
 }
 
 func addr(s string) netip.Addr     { return netip.MustParseAddr(s) }
@@ -285,6 +292,7 @@ type = "none"
 						Source: "file:test.toml",
 					},
 				}
+				c.Warnings = ErrorList{noBackends(8, 0, "a"), noBackends(16, 1, "b"), noBackends(25, 2, "c")}
 				return c
 			},
 		},
@@ -371,6 +379,7 @@ protocol = "tcp"
 					{Name: "dns-udp", Frontend: fe("10.0.0.53", 53, lb.UDP), Source: "file:test.toml"},
 					{Name: "dns-tcp", Frontend: fe("10.0.0.53", 53, lb.TCP), Source: "file:test.toml"},
 				}
+				c.Warnings = ErrorList{noBackends(8, 0, "dns-udp"), noBackends(13, 1, "dns-tcp")}
 				return c
 			},
 		},
@@ -603,5 +612,38 @@ func k8sDefaults() *Kubernetes {
 		LeaseNamespace: "kube-system", LeaseName: "l4lb",
 		Health: K8sHealth{Cluster: ClusterCheckNodePort, KubeProxyPort: 10256, Pod: lb.HealthTCP,
 			Interval: 5 * time.Second, Timeout: 2 * time.Second, Rise: 2, Fall: 3},
+	}
+}
+
+// TestFileModeWarnings: a config file its group can write, or every user
+// can read while it holds the seed, is accepted with a warning; a file
+// only root reads and writes, or the dev seed, is not warned about.
+func TestFileModeWarnings(t *testing.T) {
+	doc := []byte(head)
+	for _, tt := range []struct {
+		mode fs.FileMode
+		dev  bool
+		want []string
+	}{
+		{0o600, false, nil},
+		{0o640, false, nil},
+		{0o660, false, []string{"writable by its group (mode 0660)"}},
+		{0o644, false, []string{"maglev.hash_seed is readable by every user (mode 0644)"}},
+		{0o664, false, []string{"writable by its group (mode 0664)", "maglev.hash_seed is readable by every user (mode 0664)"}},
+	} {
+		h := &Host{Stat: func(string) (fs.FileMode, bool) { return tt.mode, true }}
+		cfg, err := Parse("f.toml", doc, Options{Host: h})
+		if err != nil {
+			t.Fatalf("mode %#o: %v", tt.mode, err)
+		}
+		if len(cfg.Warnings) != len(tt.want) {
+			t.Errorf("mode %#o: warnings %v, want %q", tt.mode, cfg.Warnings, tt.want)
+			continue
+		}
+		for i, w := range tt.want {
+			if !strings.Contains(cfg.Warnings[i].Error(), w) {
+				t.Errorf("mode %#o: warning %q, want %q", tt.mode, cfg.Warnings[i], w)
+			}
+		}
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"maps"
 	"net/netip"
 	"slices"
+	"strings"
 
 	"github.com/l4lb/l4lb/lb"
 )
@@ -37,6 +38,14 @@ type Host struct {
 	MemoryAvailable uint64
 	// EphemeralPorts is the kernel's net.ipv4.ip_local_port_range.
 	EphemeralPorts [2]uint16
+	// Stat says what the mode of the file at path is, following
+	// symbolic links; ok is false when it cannot be read. The config
+	// file's own mode is checked with it: it holds the secret seed and
+	// decides what the box serves.
+	Stat func(path string) (mode fs.FileMode, ok bool)
+	// Interfaces are the names of the box's network interfaces (in
+	// l4lbd's network namespace): datapath.interfaces must name some.
+	Interfaces []string
 }
 
 // MapMemory is the kernel memory of the datapath maps, in bytes.
@@ -85,6 +94,8 @@ func (c *checker) host(raw *rawFile, cfg *Config, h *Host) {
 		}
 	}
 	c.hostAddresses(raw, cfg, h)
+	c.hostDatapath(cfg, h)
+	c.fileMode(cfg, h)
 	c.hostPools(raw, h)
 	// The estimate of a file with errors would be of defaults it did not mean.
 	if h.MapMemory != nil && len(c.errs) == 0 {
@@ -150,6 +161,56 @@ func vipHostProblem(fe lb.Frontend, h *Host) (string, []any) {
 		}
 	}
 	return "", nil
+}
+
+// hostDatapath refuses interfaces the box does not have and SNAT addresses
+// it does not hold: l4lbd would fail to attach to the one, and the replies
+// to the other would be routed to whoever holds it (or nowhere).
+func (c *checker) hostDatapath(cfg *Config, h *Host) {
+	s := scope{c: c}.sub("datapath")
+	if len(h.Interfaces) > 0 {
+		for i, name := range cfg.Datapath.Interfaces {
+			if !slices.Contains(h.Interfaces, name) {
+				key := indexPath("interfaces", i)
+				s.errorf(key, "%s: this box has no interface %q (it has %s): l4lbd could not attach to it; name one of them (`ip link` lists them)",
+					s.name(key), name, strings.Join(h.Interfaces, ", "))
+			}
+		}
+	}
+	if len(h.Addresses) > 0 {
+		for i, a := range cfg.Datapath.SNATAddresses {
+			if _, ok := boxAddress(a, h.Addresses); !ok {
+				key := indexPath("snat_addresses", i)
+				s.errorf(key, "%s: %s is not an address of this box: replies to SNAT-ed connections would be routed to whoever holds it, not back here; add it to an interface (ip addr add) or use one the box holds", s.name(key), a)
+			}
+		}
+	}
+}
+
+// fileMode checks who may change or read the config file: whoever can
+// write it decides what the box serves at the next reload (world-writable:
+// an error; group-writable: a warning, a group of operators may be meant),
+// and whoever can read the hash seed can predict which backend every flow
+// gets on every box (readable by others with a seed: a warning).
+func (c *checker) fileMode(cfg *Config, h *Host) {
+	if h.Stat == nil || c.file == "" {
+		return
+	}
+	mode, ok := h.Stat(c.file)
+	if !ok {
+		return
+	}
+	perm := mode.Perm()
+	switch {
+	case perm&0o002 != 0:
+		c.add(0, "", "", "the file is writable by every user (mode %#o): anyone could change what l4lbd serves, and its seed, at the next reload; chmod o-w it (the package installs it 0640 root:root)", perm)
+	case perm&0o020 != 0:
+		c.warn(0, "the file is writable by its group (mode %#o): every member can change what l4lbd serves at the next reload; chmod g-w it unless that group is meant to", perm)
+	}
+	if perm&0o004 != 0 && !cfg.Maglev.Seed.IsZero() && !cfg.Maglev.DevSeed {
+		line := c.line("maglev.hash_seed")
+		c.warn(line, "maglev.hash_seed is readable by every user (mode %#o): whoever reads it can predict which backend each flow gets on every box; chmod o-r the file", perm)
+	}
 }
 
 // hostPools refuses Kubernetes pools that hold one of the box's own

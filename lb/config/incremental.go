@@ -144,7 +144,17 @@ func (p *Parser) parseBlocks(name string, data []byte, opts Options) (cfg *Confi
 				st.Why = "a VIP is an address of this box"
 				return nil, st, false
 			}
+			for _, b := range svc.Backends {
+				if _, ok := boxAddress(b.Addr.Addr(), opts.Host.Addresses); ok {
+					st.Why = "a backend is an address of this box"
+					return nil, st, false
+				}
+			}
 		}
+	}
+	if len(AcrossServices(services, IndexVIPs(services), func(int) string { return "" })) > 0 {
+		st.Why = "a backend is another service's VIP"
+		return nil, st, false
 	}
 	// raw (the head) has no services, so hostAddresses checks none: the
 	// loop above did. The other host checks need only the head.

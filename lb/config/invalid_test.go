@@ -21,6 +21,8 @@ import (
 //	# dev: true                                  (optional: Options.Dev)
 //	# host-addr: <prefix> <interface>            (optional: an address of the box)
 //	# host-file: <path> regular|dir|fifo|socket  (optional: what is at a path)
+//	# host-iface: <name>                         (optional: an interface of the box)
+//	# host-mode: <octal>                         (optional: the file's own mode)
 //
 // A host-* line makes the case run with Options.Host holding those facts,
 // as l4lbd and `l4lbctl config check` run on a box that has them.
@@ -85,6 +87,20 @@ func readCorpusCase(t *testing.T, path string, data []byte) corpusCase {
 			cc.dev = true
 		case strings.HasPrefix(l, "# host-addr: "):
 			corpusHost(t, &cc, "addr", strings.TrimPrefix(l, "# host-addr: "))
+		case strings.HasPrefix(l, "# host-mode: "):
+			if cc.host == nil {
+				cc.host = &Host{}
+			}
+			m, err := strconv.ParseUint(strings.TrimPrefix(l, "# host-mode: "), 8, 32)
+			if err != nil {
+				t.Fatalf("%s:%d: bad host-mode: %v", path, i+1, err)
+			}
+			cc.host.Stat = func(string) (fs.FileMode, bool) { return fs.FileMode(m), true }
+		case strings.HasPrefix(l, "# host-iface: "):
+			if cc.host == nil {
+				cc.host = &Host{}
+			}
+			cc.host.Interfaces = append(cc.host.Interfaces, strings.TrimPrefix(l, "# host-iface: "))
 		case strings.HasPrefix(l, "# host-file: "):
 			corpusHost(t, &cc, "file", strings.TrimPrefix(l, "# host-file: "))
 		case strings.HasSuffix(l, "# <- error"):

@@ -120,18 +120,31 @@ func rawPort(v any) (uint16, bool) {
 type serviceFacts struct {
 	nameOK     bool
 	frontendOK bool
+	// rawBackend is, for each backend of the result, its position in
+	// the table's [[service.backend]] array (invalid ones are left out
+	// of the result), to locate problems found later.
+	rawBackend []int
 }
 
 // services validates every [[service]] of a file and the rules that span
-// services: unique names and unique frontends.
-func (c *checker) services(raws []rawService, d lb.Defaults, source string) []lb.Service {
+// services: unique names, unique frontends, and no backend at another
+// service's VIP (AcrossServices). With the box's addresses (box, from
+// Options.Host), a backend at one of them is refused too.
+func (c *checker) services(raws []rawService, d lb.Defaults, source string, box []HostAddr) []lb.Service {
 	var out []lb.Service
 	names := make(map[string]int)
 	fronts := make(map[lb.Frontend]int)
+	rawBackends := make([][]int, len(raws))
 	for i := range raws {
 		sc := scope{c: c, path: indexPath("service", i), service: serviceLabel(&raws[i], i)}
 		svc, facts := c.service(sc, &raws[i], i, d)
 		svc.Source = source
+		rawBackends[i] = facts.rawBackend
+		for j, b := range svc.Backends {
+			if ifc, ok := boxAddress(b.Addr.Addr(), box); ok {
+				c.backendScope(sc, &raws[i], facts.rawBackend[j]).problem("address", backendOnBoxMsg(b.Addr.Addr(), ifc))
+			}
+		}
 		if facts.nameOK {
 			if first, dup := names[svc.Name]; dup {
 				sc.errorf("name", "name %q is already used by the service at line %d: service names must be unique, rename one of them",
@@ -150,7 +163,23 @@ func (c *checker) services(raws []rawService, d lb.Defaults, source string) []lb
 		}
 		out = append(out, svc)
 	}
+	name := func(i int) string {
+		return fmt.Sprintf("service %q (line %d)", serviceLabel(&raws[i], i), c.line(indexPath("service", i)))
+	}
+	for _, p := range AcrossServices(out, IndexVIPs(out), name) {
+		sc := scope{c: c, path: indexPath("service", p.Service), service: serviceLabel(&raws[p.Service], p.Service)}
+		if p.Backend < 0 {
+			sc.problem("vip", p.Msg)
+		} else {
+			c.backendScope(sc, &raws[p.Service], rawBackends[p.Service][p.Backend]).problem("address", p.Msg)
+		}
+	}
 	return out
+}
+
+// backendScope is the scope of backend j of the service r whose scope is s.
+func (c *checker) backendScope(s scope, r *rawService, j int) scope {
+	return scope{c: c, path: indexPath(joinPath(s.path, "backend"), j), service: s.service, backend: backendLabel(&r.Backend[j], r.Port, j)}
 }
 
 func validServiceName(name string) bool {
@@ -252,7 +281,7 @@ func (c *checker) service(s scope, r *rawService, i int, d lb.Defaults) (lb.Serv
 	eligible := 0
 	for j := range r.Backend {
 		rb := &r.Backend[j]
-		bs := scope{c: c, path: indexPath(joinPath(s.path, "backend"), j), service: s.service, backend: backendLabel(rb, r.Port, j)}
+		bs := c.backendScope(s, r, j)
 		b, ok := c.backend(bs, rb, svc.Frontend, vipOK, portOK)
 		if !ok {
 			continue
@@ -271,6 +300,7 @@ func (c *checker) service(s scope, r *rawService, i int, d lb.Defaults) (lb.Serv
 			eligible++
 		}
 		svc.Backends = append(svc.Backends, b)
+		facts.rawBackend = append(facts.rawBackend, j)
 	}
 	if tableOK && eff.TableSize > 0 && eligible > int(eff.TableSize) {
 		key := "table_size"
@@ -279,9 +309,22 @@ func (c *checker) service(s scope, r *rawService, i int, d lb.Defaults) (lb.Serv
 		}
 		s.errorf(key, "%d backends have weight > 0 but the Maglev table has only %d slots, so some would get none: set table_size to a larger prime (e.g. %d)",
 			eligible, eff.TableSize, suggestSize(eligible))
+	} else if tableOK {
+		eff.Backends = svc.Backends
+		pos, need := starved(eff)
+		for k, j := range pos {
+			c.backendScope(s, r, facts.rawBackend[j]).problem("weight", starvedMsg(eff, svc.Backends[j], need[k]))
+		}
+	}
+	if len(r.Backend) == 0 {
+		s.warnf("", noBackendsMsg)
 	}
 	return svc, facts
 }
+
+// noBackendsMsg warns of a service without backends: it may be meant
+// (backends to come), so it is not an error.
+const noBackendsMsg = "service has no backends: its VIP is served, but every connection to it is dropped (drop_no_backend) until one is added; add a [[service.backend]], or leave the service out until it has one"
 
 // checkHTTPPath accepts what can follow GET in a request line: it starts
 // with '/', and has no whitespace or control characters (CR and LF would

@@ -66,7 +66,11 @@ func (c *checker) config(raw *rawFile, opts Options) *Config {
 	}
 	cfg.Fleet = c.fleet(raw.Fleet, cfg.Consul)
 	c.fleetOverlap(cfg.Fleet, cfg.Consul, raw.Fleet != nil && raw.Fleet.KVPrefix != nil)
-	cfg.Services = c.services(raw.Service, cfg.Defaults(), "file:"+c.file)
+	var box []HostAddr
+	if opts.Host != nil {
+		box = opts.Host.Addresses
+	}
+	cfg.Services = c.services(raw.Service, cfg.Defaults(), "file:"+c.file, box)
 	c.capacity(cfg)
 	return cfg
 }

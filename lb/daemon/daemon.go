@@ -157,6 +157,10 @@ type view struct {
 	cfg    *config.Config
 	// bgpVIPs and l2VIPs are the announcers' decisions for this view.
 	bgpVIPs, l2VIPs []announce.VIP
+	// vips indexes the VIP addresses of services: a pass over a few
+	// services changes no frontend, so it checks their new backends
+	// against this.
+	vips config.VIPIndex
 }
 
 // New loads and validates the configuration; nothing touches the kernel yet.
@@ -214,6 +218,12 @@ func (d *Daemon) setLocal(h *config.Host) {
 	}
 }
 
+// onBox says which interface of the box holds a, as of the last (re)load.
+func (d *Daemon) onBox(a netip.Addr) (string, bool) {
+	ifc, ok := d.localAddrs[a]
+	return ifc, ok
+}
+
 // Config returns the configuration in force.
 func (d *Daemon) Config() *config.Config { return d.view.Load().cfg }
 
@@ -247,6 +257,9 @@ func datapathConfig(cfg *config.Config, log *slog.Logger) datapath.Config {
 // packet (`l4lbd --cleanup` removes them).
 func (d *Daemon) Run(ctx context.Context) error {
 	cfg := d.cfg
+	if err := datapath.CheckCapabilities("l4lbd"); err != nil {
+		return err
+	}
 	// Nothing of the state (pins, socket, overrides) is touched before the
 	// lock is held.
 	lock, err := Acquire(cfg)
@@ -768,7 +781,7 @@ func (d *Daemon) apply() error {
 	refused = append(refused, mapFull(err, desired)...)
 	d.countNewRefusals(refused)
 	v := &view{services: cow.SliceOf(desired), index: index, configStates: configStates, rejected: rejected, refused: refused,
-		conflictList: conflicts, cfg: d.cfg, healthWarnings: warnings, health: shownHealth}
+		conflictList: conflicts, cfg: d.cfg, healthWarnings: warnings, health: shownHealth, vips: r.vips}
 	for _, c := range conflicts {
 		v.conflicts = append(v.conflicts, c.String())
 	}
@@ -794,6 +807,8 @@ type resolved struct {
 	// sources' states of the overridden backends.
 	seen         map[overrideKey]bool
 	configStates map[overrideKey]lb.BackendState
+	// vips indexes the VIP addresses of desired.
+	vips config.VIPIndex
 }
 
 // resolve gives merged services their defaults and runtime overrides, and
@@ -818,6 +833,10 @@ func (d *Daemon) resolve(merged []lb.Service, defs lb.Defaults) resolved {
 			r.refused = append(r.refused, metrics.Refusal{Service: svc.Name, Source: svc.Source, Reason: metrics.RefusedLocalVIP})
 			continue
 		}
+		if ps := config.ServiceProblems(svc, d.onBox); len(ps) > 0 {
+			r.cannotWork(svc, ps[0].Describe(svc))
+			continue
+		}
 		// The datapath's own check also knows its SNAT addresses.
 		if err := d.supported(svc); err != nil {
 			r.rejected = append(r.rejected, fmt.Sprintf("service %q (%s): %v", svc.Name, svc.Source, err))
@@ -826,7 +845,55 @@ func (d *Daemon) resolve(merged []lb.Service, defs lb.Defaults) resolved {
 		}
 		r.desired = append(r.desired, svc)
 	}
+	r.across()
 	return r
+}
+
+// cannotWork refuses svc for a rule that means it can never work.
+func (r *resolved) cannotWork(svc lb.Service, why string) {
+	r.rejected = append(r.rejected, fmt.Sprintf("service %q (%s): %s", svc.Name, svc.Source, why))
+	r.refused = append(r.refused, metrics.Refusal{Service: svc.Name, Source: svc.Source, Reason: metrics.RefusedCannotWork})
+}
+
+// across refuses the services that break a rule across services (a backend
+// at another service's VIP, config.AcrossServices) and indexes the VIPs of
+// those that stay. Of a pair, the file's service keeps serving (the file
+// refuses such a pair outright, so the other one comes from another
+// source); of two from other sources, the one later by frontend is
+// refused. The common case, no such pair, costs one index of the VIPs and
+// one look-up per backend.
+func (r *resolved) across() {
+	r.vips = config.IndexVIPs(r.desired)
+	name := func(svcs []lb.Service) func(int) string {
+		return func(i int) string { return fmt.Sprintf("service %q (%s)", svcs[i].Name, svcs[i].Source) }
+	}
+	if len(config.AcrossServices(r.desired, r.vips, name(r.desired))) == 0 {
+		return
+	}
+	ordered := slices.Clone(r.desired)
+	slices.SortStableFunc(ordered, func(a, b lb.Service) int {
+		return cmpBool(!strings.HasPrefix(a.Source, "file:"), !strings.HasPrefix(b.Source, "file:"))
+	})
+	out := map[string]bool{}
+	for _, p := range config.AcrossServices(ordered, config.IndexVIPs(ordered), name(ordered)) {
+		if svc := ordered[p.Service]; !out[svc.Name] {
+			out[svc.Name] = true
+			r.cannotWork(svc, p.Describe(svc))
+		}
+	}
+	r.desired = slices.DeleteFunc(r.desired, func(s lb.Service) bool { return out[s.Name] })
+	r.vips = config.IndexVIPs(r.desired)
+}
+
+// cmpBool orders false before true.
+func cmpBool(a, b bool) int {
+	switch {
+	case a == b:
+		return 0
+	case !a:
+		return -1
+	}
+	return 1
 }
 
 // normalize resolves what the datapath stores per frontend: a frontend has

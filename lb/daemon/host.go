@@ -23,10 +23,19 @@ import (
 // ephemeral port range. l4lbd calls it at start and on every reload;
 // `l4lbctl config check` calls it too, so both judge a file alike.
 func HostFacts() *config.Host {
+	ifs, addrs := hostInterfaces()
 	return &config.Host{
-		Addresses: hostAddresses(),
+		Addresses:  addrs,
+		Interfaces: ifs,
 		Lstat: func(path string) (fs.FileMode, bool) {
 			fi, err := os.Lstat(path)
+			if err != nil {
+				return 0, false
+			}
+			return fi.Mode(), true
+		},
+		Stat: func(path string) (fs.FileMode, bool) {
+			fi, err := os.Stat(path)
 			if err != nil {
 				return 0, false
 			}
@@ -57,13 +66,19 @@ func MapMemory(cfg *config.Config) (config.MapMemory, error) {
 	return n, nil
 }
 
-func hostAddresses() []config.HostAddr {
+// hostInterfaces lists the names of the interfaces of l4lbd's network
+// namespace and their addresses.
+func hostInterfaces() ([]string, []config.HostAddr) {
 	ifs, err := net.Interfaces()
 	if err != nil {
-		return nil
+		return nil, nil
 	}
-	var out []config.HostAddr
+	var (
+		names []string
+		out   []config.HostAddr
+	)
 	for _, ifc := range ifs {
+		names = append(names, ifc.Name)
 		addrs, err := ifc.Addrs()
 		if err != nil {
 			continue
@@ -85,7 +100,7 @@ func hostAddresses() []config.HostAddr {
 			out = append(out, config.HostAddr{Prefix: netip.PrefixFrom(ip, bits), Interface: ifc.Name})
 		}
 	}
-	return out
+	return names, out
 }
 
 // memoryAvailable is MemAvailable of /proc/meminfo, lowered to what the

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/l4lb/l4lb/lb"
+	"github.com/l4lb/l4lb/lb/config"
 	"github.com/l4lb/l4lb/lb/health"
 )
 
@@ -65,7 +66,7 @@ func (d *Daemon) applyServices(names []string, flipped []health.Key) bool {
 			return false
 		}
 		r := d.resolve([]lb.Service{merged}, d.cfg.Defaults())
-		if len(r.desired) != 1 || r.desired[0].Frontend != prev.Frontend {
+		if len(r.desired) != 1 || r.desired[0].Frontend != prev.Frontend || atVIP(r.desired[0], v.vips) {
 			return false
 		}
 		if !sameBackendSet(r.desired[0], prev) {
@@ -154,6 +155,14 @@ func (d *Daemon) applyServices(names []string, flipped []health.Key) bool {
 	d.publishFleet(&nv)
 	d.view.Store(&nv)
 	return true
+}
+
+// atVIP reports whether a backend of svc is at another service's VIP: the
+// full pass decides which of the two to refuse (resolved.across).
+func atVIP(svc lb.Service, vips config.VIPIndex) bool {
+	return slices.ContainsFunc(svc.Backends, func(b lb.Backend) bool {
+		return b.Addr.Addr() != svc.Frontend.Addr && vips.Has(b.Addr.Addr())
+	})
 }
 
 // sameBackendSet reports whether a and b list the same backend addresses

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"slices"
+	"time"
 
 	"github.com/l4lb/l4lb/lb"
 	"github.com/l4lb/l4lb/lb/api"
@@ -142,7 +143,7 @@ func (d *Daemon) apiService(v *view, svc lb.Service, conns map[datapath.FlowOwne
 		}
 		ab.Health = healthName(healthOf(v, svc, b))
 		if st, ok := states.Get(health.Key{Service: svc.Name, Backend: b.Addr}); ok && st.State == health.Down {
-			ab.HealthError = st.LastError
+			ab.HealthError = d.healthError(st)
 		}
 		if id, ok := ps.ids[b.Addr]; ok {
 			ab.Slots = ps.slots[id]
@@ -157,6 +158,32 @@ func (d *Daemon) apiService(v *view, svc lb.Service, conns map[datapath.FlowOwne
 		as.Backends = append(as.Backends, ab)
 	}
 	return as
+}
+
+// healthError is why a backend programmed down (st, as of the view) is
+// still down: the error of its latest probe, not the one that took it down
+// (the view changes only when a state does; the probes go on between).
+func (d *Daemon) healthError(st health.Status) string {
+	if d.health == nil {
+		return st.LastError
+	}
+	cur, ok := d.health.Status(health.Key{Service: st.Service, Backend: st.Backend})
+	return currentHealthError(st, cur, ok)
+}
+
+// currentHealthError is healthError once the checker's current status of
+// the backend (cur, ok) is known: its latest error, or, when its latest
+// probes passed but not yet rise of them, how far it is.
+func currentHealthError(programmed, cur health.Status, ok bool) string {
+	switch {
+	case !ok:
+		return programmed.LastError
+	case cur.LastError != "":
+		return cur.LastError
+	case cur.Successes > 0:
+		return fmt.Sprintf("recovering: %d of %d successful checks (last error: %s)", cur.Successes, cur.Check.Rise, programmed.LastError)
+	}
+	return programmed.LastError
 }
 
 func healthName(h metrics.Health) string {
@@ -187,12 +214,18 @@ func (d *Daemon) Conntrack() (api.Conntrack, error) {
 	if d.dp == nil {
 		return api.Conntrack{}, errors.New("datapath not loaded")
 	}
-	n, err := d.dp.ConntrackEntriesWithin(countMaxAge)
+	return conntrackOf(d.dp, countMaxAge)
+}
+
+// conntrackOf is the connection table's fill of dp, counted at most maxAge
+// ago, and its insert failures.
+func conntrackOf(dp *datapath.LB, maxAge time.Duration) (api.Conntrack, error) {
+	n, err := dp.ConntrackEntriesWithin(maxAge)
 	if err != nil {
 		return api.Conntrack{}, err
 	}
-	ct := api.Conntrack{Entries: n, Capacity: d.dp.ConntrackCapacity()}
-	if reasons, err := d.dp.Reasons(); err == nil {
+	ct := api.Conntrack{Entries: n, Capacity: dp.ConntrackCapacity()}
+	if reasons, err := dp.Reasons(); err == nil {
 		ct.InsertFailures = reasons["event_ct_insert_failed"].Packets
 	}
 	return ct, nil

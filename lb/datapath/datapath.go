@@ -147,6 +147,10 @@ type LB struct {
 	txPorts      *ebpf.Map
 	inner        *ebpf.MapSpec
 
+	// offline are the maps OpenPinned opened read-only: set only on an
+	// LB that reads the pins of a stopped l4lbd.
+	offline []*ebpf.Map
+
 	reasonNames []string
 	eventNames  []string
 	cpus        int
@@ -550,6 +554,13 @@ func (d *LB) Close() error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	var errs []error
+	if d.offline != nil {
+		for _, m := range d.offline {
+			errs = append(errs, m.Close())
+		}
+		d.offline = nil
+		return errors.Join(errs...)
+	}
 	for name, l := range d.links {
 		if err := l.Close(); err != nil {
 			errs = append(errs, fmt.Errorf("close link on %s: %w", name, err))

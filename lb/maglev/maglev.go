@@ -277,3 +277,28 @@ func (b *Builder) assignQuotas(m uint32) {
 		ms[r.pos].quota++
 	}
 }
+
+// Slots returns how many of the m slots each backend gets, at the
+// positions of backends: the quotas Build fills, which depend on the
+// weights and addresses alone, not on the seed. A backend with a weight
+// whose quota is 0 (a weight far below the others' in a small table) never
+// gets a new flow; config validation refuses such weights with this count.
+// It fails as Build does.
+func Slots(m uint32, backends []Backend) ([]uint32, error) {
+	if err := ValidateSize(m); err != nil {
+		return nil, err
+	}
+	var b Builder
+	if err := b.prepare(Seed{}, m, backends); err != nil {
+		return nil, err
+	}
+	out := make([]uint32, len(backends))
+	if len(b.members) == 0 {
+		return out, nil
+	}
+	b.assignQuotas(m)
+	for _, mb := range b.members {
+		out[mb.idx] = mb.quota
+	}
+	return out, nil
+}

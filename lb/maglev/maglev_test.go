@@ -464,3 +464,55 @@ func TestSortBackends(t *testing.T) {
 		t.Errorf("SortBackends order:\n got %s\nwant %s", s, want)
 	}
 }
+
+// TestSlotsAreBuildsCounts: Slots predicts, per backend, exactly how many
+// slots Build gives it, starved backends (0 slots) included, whatever the
+// seed.
+func TestSlotsAreBuildsCounts(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 33))
+	cases := [][]uint32{
+		{1, 4294967295},
+		{1, 5000, 5000},
+		{1, 1, 1},
+		{0, 3, 7},
+	}
+	for range 40 {
+		n := 1 + r.IntN(12)
+		ws := make([]uint32, n)
+		for i := range ws {
+			ws[i] = uint32(r.IntN(3)) * uint32(1+r.IntN(100000))
+		}
+		cases = append(cases, ws)
+	}
+	for _, ws := range cases {
+		for _, m := range []uint32{251, 1021} {
+			bs := makeBackends(len(ws))
+			for i, w := range ws {
+				bs[i].Weight = w
+			}
+			slots, err := Slots(m, bs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			seed := Seed{byte(len(ws)), byte(m)}
+			table, err := Build(seed, m, bs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := make([]uint32, len(bs))
+			for _, i := range table {
+				got[i]++
+			}
+			if !slices.Equal(got, slots) {
+				t.Errorf("weights %v, m %d: Build gave %v slots, Slots says %v", ws, m, got, slots)
+			}
+		}
+	}
+	slots, _ := Slots(251, []Backend{{Addr: netip.MustParseAddrPort("10.0.0.1:80"), Weight: 1}, {Addr: netip.MustParseAddrPort("10.0.0.2:80"), Weight: 4294967295}})
+	if slots[0] != 0 || slots[1] != 251 {
+		t.Errorf("1 next to 4294967295: %v, want [0 251]", slots)
+	}
+	if _, err := Slots(250, nil); err == nil {
+		t.Error("Slots accepted a table size that is not prime")
+	}
+}

@@ -102,7 +102,7 @@ var (
 		"Service definitions left out because another source claimed the same frontend or name first (reason: frontend, name).",
 		[]string{labelService, labelSource, labelReason}, nil)
 	descRefused = prometheus.NewDesc("l4lb_services_refused",
-		"Services the datapath does not serve (reason: unsupported, map_full, local_vip).",
+		"Services the datapath does not serve (reason: unsupported, map_full, local_vip, cannot_work).",
 		[]string{labelService, labelSource, labelReason}, nil)
 
 	descPendingRestart = prometheus.NewDesc("l4lb_config_pending_restart",

@@ -184,7 +184,7 @@ l4lb_service_packets_total{service="web"} 100
 # HELP l4lb_services_conflicting Service definitions left out because another source claimed the same frontend or name first (reason: frontend, name).
 # TYPE l4lb_services_conflicting gauge
 l4lb_services_conflicting{reason="frontend",service="web",source="consul"} 1
-# HELP l4lb_services_refused Services the datapath does not serve (reason: unsupported, map_full, local_vip).
+# HELP l4lb_services_refused Services the datapath does not serve (reason: unsupported, map_full, local_vip, cannot_work).
 # TYPE l4lb_services_refused gauge
 l4lb_services_refused{reason="unsupported",service="geneve-svc",source="consul"} 1
 # HELP l4lb_snat_capacity Source-NAT bindings available (addresses times ports).

@@ -282,11 +282,17 @@ const (
 	// RefusedLocalVIP: the VIP is one of the box's own addresses (a
 	// service from a discovery source; the file refuses it outright).
 	RefusedLocalVIP RefusalReason = "local_vip"
+	// RefusedCannotWork: the service can never work as defined: a
+	// backend that is the box itself, the service's own VIP or another
+	// service's VIP, a VIP that is another service's backend, or weights
+	// that leave a backend without a Maglev slot (the file refuses
+	// these outright; config.ServiceProblems, config.AcrossServices).
+	RefusedCannotWork RefusalReason = "cannot_work"
 )
 
 // refusalReasons are pre-set to zero so that rate() works from the first
 // refusal on.
-var refusalReasons = []RefusalReason{RefusedUnsupported, RefusedMapFull, RefusedLocalVIP}
+var refusalReasons = []RefusalReason{RefusedUnsupported, RefusedMapFull, RefusedLocalVIP, RefusedCannotWork}
 
 // Refusal is a service the datapath does not serve.
 type Refusal struct {

@@ -70,7 +70,7 @@ func NewRecorder() *Recorder {
 		}),
 		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "l4lb_service_refusals_total",
-			Help: "Times a service became refused by the datapath, by reason (unsupported, map_full, local_vip); l4lb_services_refused shows the services refused now.",
+			Help: "Times a service became refused by the datapath, by reason (unsupported, map_full, local_vip, cannot_work); l4lb_services_refused shows the services refused now.",
 		}, []string{labelReason}),
 		drift: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "l4lb_datapath_drift_total",

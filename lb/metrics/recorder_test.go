@@ -80,8 +80,9 @@ l4lb_reconcile_duration_seconds_count 3
 # HELP l4lb_reconcile_errors_total Reconcile passes that failed; the daemon retries with backoff and the last good state keeps serving.
 # TYPE l4lb_reconcile_errors_total counter
 l4lb_reconcile_errors_total 1
-# HELP l4lb_service_refusals_total Times a service became refused by the datapath, by reason (unsupported, map_full, local_vip); l4lb_services_refused shows the services refused now.
+# HELP l4lb_service_refusals_total Times a service became refused by the datapath, by reason (unsupported, map_full, local_vip, cannot_work); l4lb_services_refused shows the services refused now.
 # TYPE l4lb_service_refusals_total counter
+l4lb_service_refusals_total{reason="cannot_work"} 0
 l4lb_service_refusals_total{reason="local_vip"} 0
 l4lb_service_refusals_total{reason="map_full"} 2
 l4lb_service_refusals_total{reason="unsupported"} 0

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/l4lb/l4lb/internal/testnet"
+	"github.com/l4lb/l4lb/lb/api"
 	"github.com/l4lb/l4lb/lb/config"
 	"github.com/l4lb/l4lb/tests/topo"
 )
@@ -133,6 +134,23 @@ func TestSecondDaemonRefused(t *testing.T) {
 		t.Errorf("l4lbd sharing only the pins: err %v, said:\n%s\nwant %q", err, log, want)
 	}
 
+	// Its own socket and pins, the same interface at tc (what the XDP
+	// attach error suggests): the interface is locked.
+	pins := filepath.Join(tp.PinRoot, "lb-tc")
+	t.Cleanup(func() {
+		runQuiet(l4lbd(), "--bpffs", pins, "--admin-socket", filepath.Join(filepath.Dir(other), "tc.sock"), "--cleanup")
+	})
+	writeFile(t, other, strings.NewReplacer(d.Socket, filepath.Join(filepath.Dir(other), "tc.sock"), d.PinDir, pins,
+		`attach        = "xdp"`, `attach        = "tc"`).Replace(string(cfg)))
+	log, err = runToExit(t, lb, "--config", other)
+	want = fmt.Sprintf("interface eth0 is served by another l4lbd (pid %d, lock /run/l4lb/interfaces/", st.PID)
+	if err == nil || !strings.Contains(log, want) || !strings.Contains(log, "one load balancer per interface") {
+		t.Errorf("l4lbd at tc on the same interface: err %v, said:\n%s\nwant %q", err, log, want)
+	}
+	if _, err := os.Stat(pins); !os.IsNotExist(err) {
+		t.Errorf("the refused l4lbd created %s: %v", pins, err)
+	}
+
 	// Nothing of the first daemon was touched.
 	if after, err := os.Stat(d.Socket); err != nil || !os.SameFile(sockInfo, after) {
 		t.Errorf("the running daemon's socket was replaced or removed: %v", err)
@@ -145,6 +163,100 @@ func TestSecondDaemonRefused(t *testing.T) {
 	}
 	if err := serves(t, tp); err != nil {
 		t.Errorf("traffic after the attempts: %v", err)
+	}
+}
+
+// TestStopIsLogged: SIGTERM is in l4lbd's log, with what stopping means,
+// and a stopped l4lbd leaves no lock file; its datapath keeps forwarding.
+func TestStopIsLogged(t *testing.T) {
+	tp, d := lifecycleRig(t)
+	if err := d.Stop(); err != nil {
+		t.Fatalf("stop: %v\n%s", err, d.Log())
+	}
+	for _, want := range []string{"l4lbd stopping; the datapath stays attached and keeps forwarding", "signal=terminated", "l4lbd stopped"} {
+		if !strings.Contains(d.Log(), want) {
+			t.Errorf("log lacks %q:\n%s", want, d.Log())
+		}
+	}
+	lock := strings.TrimSuffix(d.Socket, ".sock") + ".lock"
+	if _, err := os.Stat(lock); !os.IsNotExist(err) {
+		t.Errorf("lock file %s left after the stop: %v", lock, err)
+	}
+	if err := serves(t, tp); err != nil {
+		t.Errorf("traffic with l4lbd stopped: %v", err)
+	}
+}
+
+// TestOfflineReading: with l4lbd stopped (its datapath still forwarding),
+// l4lbctl reads services, counters and the connection table from the pins,
+// saying so on stderr; --offline does the same while it runs. What needs
+// the daemon (a drain) still fails.
+func TestOfflineReading(t *testing.T) {
+	tp, d := lifecycleRig(t)
+	if err := serves(t, tp); err != nil {
+		t.Fatal(err)
+	}
+	ctl := func(args ...string) (stdout, stderr string, err error) {
+		cmd := exec.Command(filepath.Join(bin, "l4lbctl"), append([]string{"--socket", d.Socket, "--config", d.Config}, args...)...)
+		var o, e strings.Builder
+		cmd.Stdout, cmd.Stderr = &o, &e
+		err = cmd.Run()
+		return o.String(), e.String(), err
+	}
+	out, errOut, err := ctl("--offline", "service", "list")
+	if err != nil || !strings.Contains(out, "web4") || !strings.Contains(errOut, "reading the datapath pinned under "+d.PinDir) {
+		t.Errorf("--offline while running: %v\n%s%s", err, out, errOut)
+	}
+	if err := d.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	out, errOut, err = ctl("service", "list", "--backends")
+	if err != nil || !strings.Contains(errOut, "no l4lbd answers on "+d.Socket) || !strings.Contains(errOut, "service names from "+d.Config) {
+		t.Errorf("service list with l4lbd stopped: %v\n%s%s", err, out, errOut)
+	}
+	for _, want := range []string{"web4", "dns6", topo.Prefix4 + "21:80"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("service list lacks %q:\n%s", want, out)
+		}
+	}
+	out, _, err = ctl("-o", "json", "service", "get", "web4")
+	var svc api.Service
+	if err != nil || json.Unmarshal([]byte(out), &svc) != nil || svc.Frontend != vip4.String()+":80/tcp" || len(svc.Backends) != 1 ||
+		svc.Backends[0].Slots != 1021 || svc.Counters.Packets == 0 || svc.Source != "pinned ("+d.PinDir+")" {
+		t.Errorf("service get web4 -o json with l4lbd stopped: %v\n%s", err, out)
+	}
+	out, _, err = ctl("conntrack", "stats")
+	if err != nil || !regexp.MustCompile(`entries [1-9]\d* of 65536`).MatchString(out) {
+		t.Errorf("conntrack stats with l4lbd stopped: %v\n%s", err, out)
+	}
+	if out, errOut, err := ctl("backend", "drain", "web4", topo.Prefix4+"21:80"); err == nil {
+		t.Errorf("a drain without l4lbd succeeded:\n%s%s", out, errOut)
+	}
+}
+
+// TestSecondCompanionRefused: a second backend companion on a host exits
+// naming the first, whatever its --bpffs; the first keeps its pins and its
+// traffic.
+func TestSecondCompanionRefused(t *testing.T) {
+	tp, _ := lifecycleRig(t)
+	be := tp.Backends[0]
+	pins := filepath.Join(tp.PinRoot, be.Name+"-companion")
+	before, err := os.ReadDir(pins)
+	if err != nil || len(before) == 0 {
+		t.Fatalf("the companion's pins: %v %v", before, err)
+	}
+	for _, dir := range []string{pins, filepath.Join(tp.PinRoot, be.Name+"-companion2")} {
+		log, err := runToExit(t, be, "backend", "--interface", be.Iface, "--bpffs", dir, "--vip", "192.0.2.99")
+		if err == nil || !strings.Contains(log, "another backend companion runs on this host (pid ") {
+			t.Errorf("second companion on --bpffs %s: %v\n%s", dir, err, log)
+		}
+	}
+	after, err := os.ReadDir(pins)
+	if err != nil || len(after) != len(before) {
+		t.Errorf("the first companion's pins after the refusals: %d entries (was %d), %v", len(after), len(before), err)
+	}
+	if err := serves(t, tp); err != nil {
+		t.Errorf("traffic after the refusals: %v", err)
 	}
 }
 
@@ -352,6 +464,32 @@ func TestAdminSocketNotASocket(t *testing.T) {
 	}
 	if b, err := os.ReadFile(victim); err != nil || string(b) != "do not delete\n" {
 		t.Errorf("the regular file named by admin_socket was changed: %q, %v", b, err)
+	}
+}
+
+// TestWorldWritableConfigRefused: a config file every user can write is
+// refused by config check and at reload (the running one keeps serving);
+// made private again, it reloads.
+func TestWorldWritableConfigRefused(t *testing.T) {
+	tp, d := lifecycleRig(t)
+	if err := os.Chmod(d.Config, 0o666); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(filepath.Join(bin, "l4lbctl"), "config", "check", d.Config).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "the file is writable by every user (mode 0666)") {
+		t.Errorf("config check of a world-writable file: %v\n%s", err, out)
+	}
+	if rl := d.Reload(); rl.OK || !strings.Contains(rl.Error, "writable by every user") {
+		t.Errorf("reload of a world-writable file: %+v", rl)
+	}
+	if err := serves(t, tp); err != nil {
+		t.Errorf("traffic after the refused reload: %v", err)
+	}
+	if err := os.Chmod(d.Config, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if rl := d.Reload(); !rl.OK {
+		t.Errorf("reload of the file made private again: %+v", rl)
 	}
 }
 
@@ -868,7 +1006,9 @@ func TestConfigCheckAsUser(t *testing.T) {
 		t.Fatal(err)
 	}
 	path := filepath.Join(dir, "l4lb.toml")
-	cfg := strings.NewReplacer("{{socket}}", filepath.Join(dir, "l4lb.sock"), "{{bpffs}}", filepath.Join(root, "l4lb")).Replace(oneBackendConfig())
+	// The check runs on the host: name an interface every host has.
+	cfg := strings.NewReplacer("{{socket}}", filepath.Join(dir, "l4lb.sock"), "{{bpffs}}", filepath.Join(root, "l4lb"),
+		`interfaces    = ["eth0"]`, `interfaces    = ["lo"]`).Replace(oneBackendConfig())
 	if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}
