@@ -175,6 +175,8 @@ type LB struct {
 	// legacy are maps an earlier l4lbd pinned under old names, until
 	// Retire (migrate.go).
 	legacy []legacyMap
+	// trace is the running trace, if any (trace.go).
+	trace traceState
 }
 
 // closeLegacy releases the old-named maps without unpinning them.
