@@ -86,6 +86,7 @@ func TestDependencyEdges(t *testing.T) {
 	onlyStdAnd("/lb/maglev", "/lb")
 	onlyStdAnd("/lb/reconciler", "/lb", "/lb/maglev")
 	onlyStdAnd("/lb/change", "/lb", "/lb/maglev")
+	onlyStdAnd("/lb/ipfix", "/lb")
 	// internal/cow holds immutable collections and nothing else: any
 	// layer may keep its published state in them.
 	onlyStdAnd("/internal/cow")
