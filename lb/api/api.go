@@ -241,6 +241,10 @@ type Flow struct {
 	// AgeSeconds is the time since the flow's latest client packet (the
 	// datapath refreshes it at most once a second).
 	AgeSeconds float64 `json:"age_seconds"`
+	// ExpiresSeconds is how long until the flow, without another packet,
+	// is idle (its state's timeout less its age; 0 once idle), as
+	// ipvsadm -Lnc's expire column.
+	ExpiresSeconds float64 `json:"expires_seconds"`
 	// SNAT is the source the flow's SNAT binding uses towards the backend.
 	SNAT string `json:"snat,omitempty"`
 }
