@@ -36,6 +36,7 @@
 #include "include/srcrange.h"
 #include "include/stats.h"
 #include "include/svccache.h"
+#include "include/traceout.h"
 #include "include/validate.h"
 
 char __license[] SEC("license") = "Dual BSD/GPL";
@@ -361,6 +362,8 @@ enum icmp_todo_kind {
 	ICMP_TODO_ERROR,   /* an ICMP error to read and maybe pass on (icmp_error) */
 	ICMP_TODO_TOO_BIG, /* a packet too big for the dispatch to answer (icmp_too_big) */
 };
+/* l4lb_trace (traceout.h) reads the kind by these values. */
+_Static_assert(ICMP_TODO_ERROR == 1 && ICMP_TODO_TOO_BIG == 2, "icmp_todo_kind as traceout.h reads it");
 
 struct icmp_todo {
 	struct packet p;   /* the packet as parse_packet read it */
@@ -728,13 +731,16 @@ int l4lb_xdp(struct xdp_md *ctx)
 {
 	struct icmp_todo todo;
 	int verdict;
+	__u32 tracing = trace_begin();
 
 	todo.kind = ICMP_TODO_NONE;
 	verdict = lb_process_xdp(ctx, &todo);
 	if (unlikely(todo.kind == ICMP_TODO_ERROR))
-		return l4lb_icmp_error_xdp(ctx, &todo.p);
-	if (unlikely(todo.kind == ICMP_TODO_TOO_BIG))
-		return l4lb_icmp_too_big_xdp(ctx, &todo.p, todo.mtu, todo.overhead);
+		verdict = l4lb_icmp_error_xdp(ctx, &todo.p);
+	else if (unlikely(todo.kind == ICMP_TODO_TOO_BIG))
+		verdict = l4lb_icmp_too_big_xdp(ctx, &todo.p, todo.mtu, todo.overhead);
+	if (unlikely(tracing))
+		l4lb_trace(&todo.p, ctx->ingress_ifindex, verdict, L4LB_TRACE_XDP, todo.kind);
 	return verdict;
 }
 
@@ -743,13 +749,16 @@ int l4lb_tc(struct __sk_buff *skb)
 {
 	struct icmp_todo todo;
 	int verdict;
+	__u32 tracing = trace_begin();
 
 	todo.kind = ICMP_TODO_NONE;
 	verdict = lb_process_tc(skb, &todo);
 	if (unlikely(todo.kind == ICMP_TODO_ERROR))
-		return l4lb_icmp_error_tc(skb, &todo.p);
-	if (unlikely(todo.kind == ICMP_TODO_TOO_BIG))
-		return l4lb_icmp_too_big_tc(skb, &todo.p, todo.mtu, todo.overhead);
+		verdict = l4lb_icmp_error_tc(skb, &todo.p);
+	else if (unlikely(todo.kind == ICMP_TODO_TOO_BIG))
+		verdict = l4lb_icmp_too_big_tc(skb, &todo.p, todo.mtu, todo.overhead);
+	if (unlikely(tracing))
+		l4lb_trace(&todo.p, skb->ifindex, verdict, L4LB_TRACE_TC, todo.kind);
 	return verdict;
 }
 

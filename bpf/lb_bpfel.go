@@ -210,6 +210,33 @@ const (
 	LbL4lbSvcFlagsL4LB_SVC_SOURCE_RANGES LbL4lbSvcFlags = 4
 )
 
+type LbL4lbTraceCt uint8
+
+const (
+	LbL4lbTraceCtL4LB_TRACE_CT_NONE          LbL4lbTraceCt = 0
+	LbL4lbTraceCtL4LB_TRACE_CT_HIT           LbL4lbTraceCt = 1
+	LbL4lbTraceCtL4LB_TRACE_CT_MISS          LbL4lbTraceCt = 2
+	LbL4lbTraceCtL4LB_TRACE_CT_CREATED       LbL4lbTraceCt = 3
+	LbL4lbTraceCtL4LB_TRACE_CT_INSERT_FAILED LbL4lbTraceCt = 4
+)
+
+type LbL4lbTraceFlags uint8
+
+const (
+	LbL4lbTraceFlagsL4LB_TRACE_F_REPLY      LbL4lbTraceFlags = 1
+	LbL4lbTraceFlagsL4LB_TRACE_F_FORWARDED  LbL4lbTraceFlags = 2
+	LbL4lbTraceFlagsL4LB_TRACE_F_ICMP_ERROR LbL4lbTraceFlags = 4
+	LbL4lbTraceFlagsL4LB_TRACE_F_TOO_BIG    LbL4lbTraceFlags = 8
+	LbL4lbTraceFlagsL4LB_TRACE_F_SNAT       LbL4lbTraceFlags = 16
+)
+
+type LbL4lbTraceHook uint8
+
+const (
+	LbL4lbTraceHookL4LB_TRACE_XDP LbL4lbTraceHook = 0
+	LbL4lbTraceHookL4LB_TRACE_TC  LbL4lbTraceHook = 1
+)
+
 type LbLbStats struct {
 	_        structs.HostLayout
 	Packets  uint64
@@ -325,6 +352,65 @@ type LbSvcValue struct {
 	AffinityNs uint64
 }
 
+type LbTraceEvent struct {
+	_           structs.HostLayout
+	Key         LbFlowKey
+	TimeNs      uint64
+	Backend     [16]uint8
+	SnatAddr    [16]uint8
+	BackendPort uint16
+	SnatPort    uint16
+	Session     uint32
+	Ifindex     uint32
+	Verdict     int32
+	Reason      int32
+	SvcId       uint32
+	BackendId   uint32
+	L3Len       uint16
+	Hook        LbL4lbTraceHook
+	Family      uint8
+	Mode        uint8
+	Dispatch    uint8
+	Ct          LbL4lbTraceCt
+	Flags       LbL4lbTraceFlags
+	TcpFlags    uint8
+	Pad         [3]uint8
+}
+
+type LbTraceFilter struct {
+	_           structs.HostLayout
+	Client      [16]uint8
+	ClientMask  [16]uint8
+	Vip         [16]uint8
+	VipMask     [16]uint8
+	Backend     [16]uint8
+	BackendMask [16]uint8
+	Session     uint32
+	Rate        uint32
+	Port        uint16
+	BackendPort uint16
+	Proto       uint8
+	Pad         [3]uint8
+}
+
+type LbTraceNote struct {
+	_            structs.HostLayout
+	Reason       int32
+	SvcId        uint32
+	BackendId    uint32
+	Forwarded    uint8
+	NewFlow      uint8
+	InsertFailed uint8
+	Pad          uint8
+	Second       uint64
+	InSecond     uint64
+	Matched      uint64
+	Sent         uint64
+	Sampled      uint64
+	Lost         uint64
+	Ev           LbTraceEvent
+}
+
 type LbWalk struct {
 	_   structs.HostLayout
 	Buf struct {
@@ -372,6 +458,9 @@ const (
 	LbMapSvcCache             = "svc_cache"
 	LbMapSvcGen               = "svc_gen"
 	LbMapSvcStats             = "svc_stats"
+	LbMapTraceCtl             = "trace_ctl"
+	LbMapTraceEvents          = "trace_events"
+	LbMapTraceNotes           = "trace_notes"
 	LbMapTxPorts              = "tx_ports"
 	LbMapValidateScratch      = "validate_scratch"
 	LbMapVipFilter            = "vip_filter"
@@ -488,6 +577,9 @@ type LbMapSpecs struct {
 	SvcCache        *ebpf.MapSpec `ebpf:"svc_cache"`
 	SvcGen          *ebpf.MapSpec `ebpf:"svc_gen"`
 	SvcStats        *ebpf.MapSpec `ebpf:"svc_stats"`
+	TraceCtl        *ebpf.MapSpec `ebpf:"trace_ctl"`
+	TraceEvents     *ebpf.MapSpec `ebpf:"trace_events"`
+	TraceNotes      *ebpf.MapSpec `ebpf:"trace_notes"`
 	TxPorts         *ebpf.MapSpec `ebpf:"tx_ports"`
 	ValidateScratch *ebpf.MapSpec `ebpf:"validate_scratch"`
 	VipFilter       *ebpf.MapSpec `ebpf:"vip_filter"`
@@ -576,6 +668,9 @@ type LbMaps struct {
 	SvcCache        *ebpf.Map `ebpf:"svc_cache"`
 	SvcGen          *ebpf.Map `ebpf:"svc_gen"`
 	SvcStats        *ebpf.Map `ebpf:"svc_stats"`
+	TraceCtl        *ebpf.Map `ebpf:"trace_ctl"`
+	TraceEvents     *ebpf.Map `ebpf:"trace_events"`
+	TraceNotes      *ebpf.Map `ebpf:"trace_notes"`
 	TxPorts         *ebpf.Map `ebpf:"tx_ports"`
 	ValidateScratch *ebpf.Map `ebpf:"validate_scratch"`
 	VipFilter       *ebpf.Map `ebpf:"vip_filter"`
@@ -614,6 +709,9 @@ func (m *LbMaps) Close() error {
 		m.SvcCache,
 		m.SvcGen,
 		m.SvcStats,
+		m.TraceCtl,
+		m.TraceEvents,
+		m.TraceNotes,
 		m.TxPorts,
 		m.ValidateScratch,
 		m.VipFilter,

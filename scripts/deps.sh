@@ -27,8 +27,10 @@ test)
 	# include path; systemd: systemd-analyze for the unit tests; bird2:
 	# the BGP router of the scale-out tests (they run their own bird in a
 	# namespace; Debian's bird.service, which the package enables, runs a
-	# config that announces nothing).
-	pkgs=("${compare[@]}" clang-19 llvm-19 libbpf-dev systemd make gcc git ca-certificates bird2) ;;
+	# config that announces nothing); nfdump: nfcapd, the IPFIX collector
+	# of the flow-export test (in a namespace of its own; the nfdump.service
+	# the package enables collects on the host), and nfdump to read it.
+	pkgs=("${compare[@]}" clang-19 llvm-19 libbpf-dev systemd make gcc git ca-certificates bird2 nfdump) ;;
 *)
 	echo "usage: $0 [demo|compare|test]" >&2
 	exit 2 ;;

@@ -87,6 +87,7 @@ func TestDependencyEdges(t *testing.T) {
 	onlyStdAnd("/lb/reconciler", "/lb", "/lb/maglev")
 	onlyStdAnd("/lb/change", "/lb", "/lb/maglev")
 	onlyStdAnd("/lb/selfcheck", "/lb", "/lb/maglev", "/lb/reconciler")
+	onlyStdAnd("/lb/ipfix", "/lb")
 	// internal/cow holds immutable collections and nothing else: any
 	// layer may keep its published state in them.
 	onlyStdAnd("/internal/cow")

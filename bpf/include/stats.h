@@ -4,6 +4,7 @@
 #define L4LB_STATS_H
 
 #include "maps.h"
+#include "trace.h"
 
 static __always_inline void count_reason(__u32 reason, __u64 bytes)
 {
@@ -13,6 +14,7 @@ static __always_inline void count_reason(__u32 reason, __u64 bytes)
 		s->packets++;
 		s->bytes += bytes;
 	}
+	trace_note_reason(reason);
 }
 
 /* Count one event (enum l4lb_event). */
@@ -40,6 +42,7 @@ static __always_inline void count_forward(__u32 svc_id, __u32 backend_id, __u64 
 		s->bytes += len;
 		s->new_flows += new_flow;
 	}
+	trace_note_forward(svc_id, backend_id, new_flow);
 }
 
 #endif

@@ -32,7 +32,10 @@ func interfaceLine(ifc api.Interface) string {
 
 func serviceCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{Use: "service", Short: "inspect services"}
-	var withBackends bool
+	var (
+		withBackends, withRate bool
+		interval               time.Duration
+	)
 	list := &cobra.Command{
 		Use:   "list",
 		Short: "list the services; --backends: every backend too, with state, health, connections and counters (like ipvsadm -Ln --stats)",
@@ -45,19 +48,46 @@ same services, backends included, either way.
 Active connections are TCP flows that are established (for SNAT, the
 binding is past the handshake and saw no FIN or RST) and were seen within
 datapath.snat_timeouts.tcp; inactive are all other entries (UDP flows,
-closing or idle TCP flows). See docs/operations.md.`,
+closing or idle TCP flows). See docs/operations.md.
+
+--rate lists, like ipvsadm --rate, each service's and backend's new flows,
+packets and bytes per second over --interval (two listings that far
+apart): what the datapath forwarded towards the backends.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var svcs []api.Service
-			err := g.ask(cmd, func(c *api.Client) (err error) {
-				svcs, err = c.Services(cmd.Context())
-				return err
-			}, func(p *daemon.Pinned) error {
-				svcs = p.Services()
-				return nil
-			})
+			list := func() (svcs []api.Service, err error) {
+				err = g.ask(cmd, func(c *api.Client) (err error) {
+					svcs, err = c.Services(cmd.Context())
+					return err
+				}, func(p *daemon.Pinned) error {
+					svcs = p.Services()
+					return nil
+				})
+				return svcs, err
+			}
+			svcs, err := list()
 			if err != nil {
 				return err
+			}
+			if withRate {
+				if interval <= 0 {
+					return usageError("--interval %s: want a positive duration", interval)
+				}
+				start := time.Now()
+				select {
+				case <-time.After(interval):
+				case <-cmd.Context().Done():
+					return cmd.Context().Err()
+				}
+				after, err := list()
+				if err != nil {
+					return err
+				}
+				rates := serviceRates(svcs, after, time.Since(start))
+				if g.output == "json" {
+					return writeJSON(cmd.OutOrStdout(), rates)
+				}
+				return printServiceRates(cmd.OutOrStdout(), after, rates)
 			}
 			if g.output == "json" {
 				return writeJSON(cmd.OutOrStdout(), svcs)
@@ -69,6 +99,8 @@ closing or idle TCP flows). See docs/operations.md.`,
 		},
 	}
 	list.Flags().BoolVar(&withBackends, "backends", false, "list every service's backends under it")
+	list.Flags().BoolVar(&withRate, "rate", false, "new flows, packets and bytes per second of every service and backend over --interval (like ipvsadm --rate)")
+	list.Flags().DurationVar(&interval, "interval", time.Second, "with --rate: the interval the rates are measured over")
 	cmd.AddCommand(list)
 	cmd.AddCommand(&cobra.Command{
 		Use:               "get NAME",
@@ -204,8 +236,10 @@ func conntrackCmd(g *globals) *cobra.Command {
 syn_sent or closing (SNAT flows, from their binding; closing also for a
 DSR flow whose client sent a FIN or RST), idle (TCP not seen
 within datapath.snat_timeouts.tcp) or udp. AGE is the time since the
-flow's latest client packet. SNAT is the source the flow's binding uses
-towards the backend.
+flow's latest client packet; EXPIRE how long until, without another
+packet, it is idle (its state's timeout of datapath.snat_timeouts less its
+age, as ipvsadm -Lnc's expire; the entry stays until the table evicts
+it). SNAT is the source the flow's binding uses towards the backend.
 
 At most --limit flows are listed (0: all); the daemon counts the rest, and a
 line on stderr says how many matched (-o json: field "matched"). A full table of a million flows is a
@@ -243,7 +277,7 @@ few hundred MB of text.`,
 
 func printFlows(out io.Writer, flows []api.Flow) error {
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "PROTO\tCLIENT\tVIP\tSERVICE\tBACKEND\tSTATE\tAGE\tSNAT")
+	fmt.Fprintln(tw, "PROTO\tCLIENT\tVIP\tSERVICE\tBACKEND\tSTATE\tAGE\tEXPIRE\tSNAT")
 	for _, f := range flows {
 		svc, snat := f.Service, f.SNAT
 		if svc == "" {
@@ -253,7 +287,8 @@ func printFlows(out io.Writer, flows []api.Flow) error {
 			snat = "-"
 		}
 		age := (time.Duration(f.AgeSeconds * float64(time.Second))).Round(time.Second)
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", f.Proto, f.Client, f.VIP, svc, f.Backend, f.State, age, snat)
+		expire := (time.Duration(f.ExpiresSeconds * float64(time.Second))).Round(time.Second)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", f.Proto, f.Client, f.VIP, svc, f.Backend, f.State, age, expire, snat)
 	}
 	return tw.Flush()
 }

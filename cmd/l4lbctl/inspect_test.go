@@ -39,7 +39,7 @@ var inspectServices = []api.Service{{
 }}
 
 var inspectFlows = []api.Flow{
-	{Proto: "tcp", Client: "198.51.100.7:40000", VIP: "10.0.0.10:80", Service: "web", Backend: "10.1.0.11:80", State: "established", Active: true, AgeSeconds: 3.4},
+	{Proto: "tcp", Client: "198.51.100.7:40000", VIP: "10.0.0.10:80", Service: "web", Backend: "10.1.0.11:80", State: "established", Active: true, AgeSeconds: 3.4, ExpiresSeconds: 7196.6},
 	{Proto: "tcp", Client: "198.51.100.8:40001", VIP: "10.0.0.10:80", Backend: "id 9", State: "closing", AgeSeconds: 61, SNAT: "10.0.0.1:20000"},
 }
 
@@ -171,9 +171,9 @@ func TestConntrackListAndFlush(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := [][]string{
-		{"PROTO", "CLIENT", "VIP", "SERVICE", "BACKEND", "STATE", "AGE", "SNAT"},
-		{"tcp", "198.51.100.7:40000", "10.0.0.10:80", "web", "10.1.0.11:80", "established", "3s", "-"},
-		{"tcp", "198.51.100.8:40001", "10.0.0.10:80", "-", "id 9", "closing", "1m1s", "10.0.0.1:20000"},
+		{"PROTO", "CLIENT", "VIP", "SERVICE", "BACKEND", "STATE", "AGE", "EXPIRE", "SNAT"},
+		{"tcp", "198.51.100.7:40000", "10.0.0.10:80", "web", "10.1.0.11:80", "established", "3s", "1h59m57s", "-"},
+		{"tcp", "198.51.100.8:40001", "10.0.0.10:80", "-", "id 9", "closing", "1m1s", "0s", "10.0.0.1:20000"},
 	}
 	if got := rows(out); fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("conntrack list:\n%s\nrows %q\nwant %q", out, got, want)

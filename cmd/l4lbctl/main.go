@@ -111,7 +111,7 @@ func root() *cobra.Command {
 		return nil
 	}
 	cmd.AddCommand(maglevCmd(g), configCmd(g), statusCmd(g), serviceCmd(g), backendCmd(g), conntrackCmd(g),
-		bgpCmd(g), fleetCmd(g), seedCmd(g), reloadCmd(g), clidoc.Command(cmd))
+		bgpCmd(g), fleetCmd(g), seedCmd(g), reloadCmd(g), traceCmd(g), clidoc.Command(cmd))
 	requireSubcommands(cmd)
 	return cmd
 }

@@ -287,6 +287,10 @@ type Flow struct {
 	// AgeSeconds is the time since the flow's latest client packet (the
 	// datapath refreshes it at most once a second).
 	AgeSeconds float64 `json:"age_seconds"`
+	// ExpiresSeconds is how long until the flow, without another packet,
+	// is idle (its state's timeout less its age; 0 once idle), as
+	// ipvsadm -Lnc's expire column.
+	ExpiresSeconds float64 `json:"expires_seconds"`
 	// SNAT is the source the flow's SNAT binding uses towards the backend.
 	SNAT string `json:"snat,omitempty"`
 }
@@ -457,4 +461,78 @@ type FleetFrontend struct {
 	Fingerprints map[string]string `json:"fingerprints"`
 	// Differ is true when the fingerprints differ.
 	Differ bool `json:"differ"`
+}
+
+// TraceRequest selects what GET /v1/trace reports (`l4lbctl trace`): the
+// packets of clients in Client (an address or prefix), to VIP:Port/Proto
+// (or to the frontend of Service), that went to Backend (ip or ip:port),
+// each when set. Count ends the trace after that many events, Timeout
+// after that long (0: neither; the client's disconnect always does).
+// Rate is how many events each CPU sends per second; the rest of the
+// selected packets are counted as sampled.
+type TraceRequest struct {
+	Client  string        `json:"client,omitempty"`
+	VIP     string        `json:"vip,omitempty"`
+	Port    uint16        `json:"port,omitempty"`
+	Proto   string        `json:"proto,omitempty"`
+	Service string        `json:"service,omitempty"`
+	Backend string        `json:"backend,omitempty"`
+	Count   int           `json:"count,omitempty"`
+	Timeout time.Duration `json:"timeout,omitempty"`
+	Rate    uint32        `json:"rate,omitempty"`
+}
+
+// TraceMessage is one line of GET /v1/trace's stream (newline-delimited
+// JSON): an event, the trace's counts (at most once a second while they
+// change, and last), or, last, why the trace ended.
+type TraceMessage struct {
+	Event *TraceEvent `json:"event,omitempty"`
+	Stats *TraceStats `json:"stats,omitempty"`
+	// End is "count", "timeout" or "closed" (the daemon stopped).
+	End string `json:"end,omitempty"`
+}
+
+// TraceEvent is what the datapath did with one packet.
+type TraceEvent struct {
+	Time time.Time `json:"time"`
+	// Hook is xdp or tc; Interface the interface the packet came in on.
+	Hook      string `json:"hook"`
+	Interface string `json:"interface"`
+	Proto     string `json:"proto"`
+	// Client and VIP (ip:port) are the flow as its client sends it; for a
+	// backend's reply (Direction "reply"), the flow it belongs to.
+	Client    string `json:"client"`
+	VIP       string `json:"vip"`
+	Direction string `json:"direction"`
+	Length    int    `json:"length"`
+	TCPFlags  string `json:"tcp_flags,omitempty"`
+	// Verdict is the program's action (tx, redirect, pass, drop, next,
+	// aborted); Reason the reason it counted (docs/metrics.md), empty for
+	// a plain forward.
+	Verdict string `json:"verdict"`
+	Reason  string `json:"reason,omitempty"`
+	Service string `json:"service,omitempty"`
+	Backend string `json:"backend,omitempty"`
+	// Mode is snat or dsr; Dispatch (DSR) ipip, geneve or opt.
+	Mode     string `json:"mode,omitempty"`
+	Dispatch string `json:"dispatch,omitempty"`
+	// Conntrack is hit, miss (balanced without an entry), created,
+	// insert_failed, or empty for a packet not forwarded.
+	Conntrack string `json:"conntrack,omitempty"`
+	// SNAT is the flow's SNAT source (address:port) when it has a binding.
+	SNAT string `json:"snat,omitempty"`
+	// Sent says what left the box: the encapsulation, the rewrite, or
+	// the ICMP answer; empty when nothing was sent on.
+	Sent string `json:"sent,omitempty"`
+}
+
+// TraceStats counts a trace's packets: Matched were selected, Sent
+// reported, Sampled selected but over the rate, Lost selected but the
+// datapath's buffer to l4lbd was full. Reported = events l4lbd streamed.
+type TraceStats struct {
+	Matched  uint64 `json:"matched"`
+	Sent     uint64 `json:"sent"`
+	Sampled  uint64 `json:"sampled"`
+	Lost     uint64 `json:"lost"`
+	Reported int    `json:"reported"`
 }

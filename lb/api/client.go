@@ -62,27 +62,41 @@ func (c *Client) doBody(ctx context.Context, method, path string, in, out any) e
 	}
 	resp, err := c.hc.Do(req)
 	if err != nil {
-		if errors.Is(err, os.ErrPermission) {
-			return fmt.Errorf("admin socket %s: permission denied (it is mode 0600: run as root)", c.socket)
-		}
-		return fmt.Errorf("admin socket %s: %w (is l4lbd running?)", c.socket, err)
+		return c.dialError(err)
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		return answerError(resp)
+	}
 	body, err := io.ReadAll(resp.Body)
 	if err != nil {
 		return fmt.Errorf("read answer: %w", err)
-	}
-	if resp.StatusCode/100 != 2 {
-		var e Error
-		if json.Unmarshal(body, &e) == nil && e.Error != "" {
-			return errors.New(e.Error)
-		}
-		return fmt.Errorf("l4lbd answered %s", resp.Status)
 	}
 	if err := json.Unmarshal(body, out); err != nil {
 		return fmt.Errorf("decode answer: %w", err)
 	}
 	return nil
+}
+
+// dialError says why the socket could not be used.
+func (c *Client) dialError(err error) error {
+	if errors.Is(err, os.ErrPermission) {
+		return fmt.Errorf("admin socket %s: permission denied (it is mode 0600: run as root)", c.socket)
+	}
+	return fmt.Errorf("admin socket %s: %w (is l4lbd running?)", c.socket, err)
+}
+
+// answerError is the error a non-2xx answer carries.
+func answerError(resp *http.Response) error {
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return fmt.Errorf("l4lbd answered %s; read answer: %w", resp.Status, err)
+	}
+	var e Error
+	if json.Unmarshal(body, &e) == nil && e.Error != "" {
+		return errors.New(e.Error)
+	}
+	return fmt.Errorf("l4lbd answered %s", resp.Status)
 }
 
 // Status returns the daemon's status.
@@ -170,6 +184,57 @@ func (c *Client) Flows(ctx context.Context, fq FlowQuery) (FlowList, error) {
 	}
 	var fl FlowList
 	return fl, c.get(ctx, "/conntrack/flows?"+q.Encode(), &fl)
+}
+
+// Trace streams GET /v1/trace: fn gets each message until the trace ends
+// (its count, timeout, or ctx), or fn returns an error, which Trace
+// returns.
+func (c *Client) Trace(ctx context.Context, req TraceRequest, fn func(TraceMessage) error) error {
+	q := url.Values{}
+	for k, v := range map[string]string{"client": req.Client, "vip": req.VIP, "proto": req.Proto, "service": req.Service, "backend": req.Backend} {
+		if v != "" {
+			q.Set(k, v)
+		}
+	}
+	if req.Port != 0 {
+		q.Set("port", strconv.Itoa(int(req.Port)))
+	}
+	if req.Count != 0 {
+		q.Set("count", strconv.Itoa(req.Count))
+	}
+	if req.Rate != 0 {
+		q.Set("rate", strconv.FormatUint(uint64(req.Rate), 10))
+	}
+	if req.Timeout != 0 {
+		q.Set("timeout", req.Timeout.String())
+	}
+	hreq, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://l4lbd"+Version+"/trace?"+q.Encode(), nil)
+	if err != nil {
+		return err
+	}
+	// A stream lasts as long as the trace: no client-wide timeout.
+	hc := &http.Client{Transport: c.hc.Transport}
+	resp, err := hc.Do(hreq)
+	if err != nil {
+		return c.dialError(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		return answerError(resp)
+	}
+	dec := json.NewDecoder(resp.Body)
+	for {
+		var m TraceMessage
+		if err := dec.Decode(&m); err != nil {
+			if errors.Is(err, io.EOF) || ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("read trace: %w", err)
+		}
+		if err := fn(m); err != nil {
+			return err
+		}
+	}
 }
 
 // Flush deletes the flows req selects, and their SNAT bindings.

@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -46,6 +47,10 @@ type Provider interface {
 	// ConfigDiff says what loading the configuration in req would change,
 	// without applying anything.
 	ConfigDiff(ctx context.Context, req ConfigDiffRequest) (ConfigDiff, error)
+	// Trace reports what the datapath does with the packets req selects,
+	// calling emit for each message until the trace ends, ctx ends or emit
+	// fails. An error returned before the first emit is the request's.
+	Trace(ctx context.Context, req TraceRequest, emit func(TraceMessage) error) error
 }
 
 // ErrNotFound marks errors about a service or backend that does not exist;
@@ -54,6 +59,9 @@ var ErrNotFound = errors.New("not found")
 
 // ErrInvalid marks errors about a malformed request (400).
 var ErrInvalid = errors.New("invalid request")
+
+// ErrBusy marks a request that conflicts with one in progress (409).
+var ErrBusy = errors.New("busy")
 
 // Server serves the admin API on a unix socket.
 type Server struct {
@@ -199,7 +207,79 @@ func NewServer(p Provider, log *slog.Logger) *Server {
 		s.log.Info("flushed connection-table entries", "service", req.Service, "backend", req.Backend, "all", req.All, "flows", res.Flows, "bindings", res.Bindings)
 		writeJSON(w, http.StatusOK, res)
 	})
+	s.mux.HandleFunc("GET "+Version+"/trace", s.trace)
 	return s
+}
+
+// trace streams GET /v1/trace as newline-delimited JSON, one message a
+// line, each flushed as it is written.
+func (s *Server) trace(w http.ResponseWriter, r *http.Request) {
+	req, err := traceRequest(r.URL.Query())
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	started := false
+	enc := json.NewEncoder(w)
+	flusher, _ := w.(http.Flusher)
+	err = s.p.Trace(r.Context(), req, func(m TraceMessage) error {
+		if !started {
+			w.Header().Set("Content-Type", "application/x-ndjson")
+			w.WriteHeader(http.StatusOK)
+			started = true
+		}
+		if err := enc.Encode(m); err != nil {
+			return err
+		}
+		if flusher != nil {
+			flusher.Flush()
+		}
+		return nil
+	})
+	switch {
+	case err != nil && !started:
+		writeError(w, err)
+	case err != nil && r.Context().Err() == nil:
+		s.log.Warn("trace ended early", "error", err)
+	}
+}
+
+// traceRequest reads a TraceRequest from GET /v1/trace's query.
+func traceRequest(q url.Values) (TraceRequest, error) {
+	req := TraceRequest{
+		Client: q.Get("client"), VIP: q.Get("vip"), Proto: q.Get("proto"),
+		Service: q.Get("service"), Backend: q.Get("backend"),
+	}
+	num := func(name string, bits int) (uint64, error) {
+		v := q.Get(name)
+		if v == "" {
+			return 0, nil
+		}
+		n, err := strconv.ParseUint(v, 10, bits)
+		if err != nil {
+			return 0, fmt.Errorf("%s %q: want a number below 2^%d: %w", name, v, bits, ErrInvalid)
+		}
+		return n, nil
+	}
+	port, err := num("port", 16)
+	if err != nil {
+		return req, err
+	}
+	count, err := num("count", 31)
+	if err != nil {
+		return req, err
+	}
+	rate, err := num("rate", 32)
+	if err != nil {
+		return req, err
+	}
+	req.Port, req.Count, req.Rate = uint16(port), int(count), uint32(rate)
+	if v := q.Get("timeout"); v != "" {
+		if req.Timeout, err = time.ParseDuration(v); err != nil || req.Timeout < 0 {
+			return req, fmt.Errorf("timeout %q: want a duration such as 30s: %w", v, ErrInvalid)
+		}
+	}
+	return req, nil
 }
 
 // Handler exposes the routes, for tests.
@@ -238,7 +318,9 @@ func Listen(path string) (net.Listener, error) {
 
 // Serve answers on l until ctx ends, then removes the socket.
 func (s *Server) Serve(ctx context.Context, l net.Listener) error {
-	hs := &http.Server{Handler: s.mux, ReadHeaderTimeout: 5 * time.Second}
+	// Requests live in ctx: a trace's stream ends with the daemon.
+	hs := &http.Server{Handler: s.mux, ReadHeaderTimeout: 5 * time.Second,
+		BaseContext: func(net.Listener) context.Context { return ctx }}
 	go func() {
 		<-ctx.Done()
 		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
@@ -262,6 +344,8 @@ func writeError(w http.ResponseWriter, err error) {
 		code = http.StatusNotFound
 	case errors.Is(err, ErrInvalid):
 		code = http.StatusBadRequest
+	case errors.Is(err, ErrBusy):
+		code = http.StatusConflict
 	}
 	writeJSON(w, code, Error{Error: err.Error()})
 }

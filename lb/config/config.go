@@ -138,6 +138,8 @@ type Config struct {
 	// Fleet is nil when the fleet check does not publish (no
 	// [discovery.consul], or fleet.publish = false).
 	Fleet *Fleet
+	// IPFIX is nil when [ipfix] is absent: no flow records are exported.
+	IPFIX *IPFIX
 }
 
 // Daemon holds the settings of the l4lbd process itself.

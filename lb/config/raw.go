@@ -23,6 +23,7 @@ type rawFile struct {
 	BGP       *rawBGP       `toml:"bgp"`
 	L2        *rawL2        `toml:"l2"`
 	Fleet     *rawFleet     `toml:"fleet"`
+	IPFIX     *rawIPFIX     `toml:"ipfix"`
 }
 
 type rawDaemon struct {
@@ -200,4 +201,16 @@ type rawFleet struct {
 	KVPrefix   any `toml:"kv_prefix"`
 	SessionTTL any `toml:"session_ttl"`
 	Publish    any `toml:"publish"`
+}
+
+type rawIPFIX struct {
+	Collectors        any `toml:"collectors"`
+	ScanInterval      any `toml:"scan_interval"`
+	ActiveTimeout     any `toml:"active_timeout"`
+	IdleTimeout       any `toml:"idle_timeout"`
+	TemplateRefresh   any `toml:"template_refresh"`
+	Sampling          any `toml:"sampling"`
+	ObservationDomain any `toml:"observation_domain"`
+	EnterpriseNumber  any `toml:"enterprise_number"`
+	MaxFlows          any `toml:"max_flows"`
 }

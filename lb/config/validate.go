@@ -65,6 +65,9 @@ func (c *checker) config(raw *rawFile, opts Options) *Config {
 		cfg.L2 = c.l2(raw.L2, &cfg.Datapath)
 	}
 	cfg.Fleet = c.fleet(raw.Fleet, cfg.Consul)
+	if raw.IPFIX != nil {
+		cfg.IPFIX = c.ipfix(raw.IPFIX)
+	}
 	c.fleetOverlap(cfg.Fleet, cfg.Consul, raw.Fleet != nil && raw.Fleet.KVPrefix != nil)
 	var box []HostAddr
 	if opts.Host != nil {

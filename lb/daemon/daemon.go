@@ -105,6 +105,8 @@ type Daemon struct {
 	ann *announcers
 	// fleet is the fleet check (fleet.go); nil when off.
 	fleet *fleetRun
+	// ipfix is the flow export; nil when [ipfix] is off (ipfix.go).
+	ipfix *ipfixRun
 
 	// The Consul and Kubernetes sources, when configured (consul.go,
 	// kubernetes.go), and the context they run in (sources.go).
@@ -355,6 +357,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 	// the datapath, the admin API and the L2 answers still work.
 	defer d.stopAnnouncers()
 	if err := d.startFleet(ctx, &wg, cfg); err != nil {
+		return err
+	}
+	if err := d.startIPFIX(ctx, &wg, cfg); err != nil {
 		return err
 	}
 	d.apply()
@@ -722,6 +727,9 @@ func keepRunning(running, cur *config.Config) []string {
 	sameFleet := reflect.DeepEqual(running.Fleet, cur.Fleet)
 	diff("[fleet]", !sameFleet)
 	diff("[discovery.consul] for the fleet check", sameFleet && cur.Fleet != nil && !reflect.DeepEqual(running.Consul, cur.Consul))
+	// The export keeps its collectors and timers until a restart.
+	diff("[ipfix]", !reflect.DeepEqual(running.IPFIX, cur.IPFIX))
+	cur.IPFIX = running.IPFIX
 	return out
 }
 

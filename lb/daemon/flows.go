@@ -98,14 +98,15 @@ func (d *Daemon) Flows(q api.FlowQuery) (api.FlowList, error) {
 			return true // counted, not listed
 		}
 		af := api.Flow{
-			Proto:      fl.Frontend.Proto.String(),
-			Client:     fl.Client.String(),
-			VIP:        netip.AddrPortFrom(fl.Frontend.Addr, fl.Frontend.Port).String(),
-			Service:    names.services[fl.Service],
-			Backend:    fmt.Sprintf("id %d", fl.Backend),
-			State:      fl.State.String(),
-			Active:     fl.State.Active(),
-			AgeSeconds: fl.Age.Seconds(),
+			Proto:          fl.Frontend.Proto.String(),
+			Client:         fl.Client.String(),
+			VIP:            netip.AddrPortFrom(fl.Frontend.Addr, fl.Frontend.Port).String(),
+			Service:        names.services[fl.Service],
+			Backend:        fmt.Sprintf("id %d", fl.Backend),
+			State:          fl.State.String(),
+			Active:         fl.State.Active(),
+			AgeSeconds:     fl.Age.Seconds(),
+			ExpiresSeconds: fl.Expires.Seconds(),
 		}
 		if be, ok := names.backends[fl.Backend]; ok && names.owner[fl.Backend] == fl.Service {
 			af.Backend = be.String()

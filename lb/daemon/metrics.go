@@ -98,6 +98,7 @@ func (d *Daemon) Snapshot() metrics.Snapshot {
 	snap.PendingRestart = append(snap.PendingRestart, d.pending...)
 	d.mu.Unlock()
 	snap.SeedFingerprint = seedFingerprint(v.cfg.Maglev.Seed)
+	snap.IPFIX = d.ipfixMetrics()
 	if rep, _, ok := d.fleetReport(); ok {
 		snap.Fleet = &metrics.Fleet{Boxes: len(rep.Boxes), Mismatch: rep.Mismatched(d.fleet.f.Name())}
 	}

@@ -184,6 +184,8 @@ type LB struct {
 	tombs   tombstones
 	handles tableHandles
 	beWalk  backendWalk
+	// trace is the running trace, if any (trace.go).
+	trace traceState
 }
 
 // closeLegacy releases the old-named maps without unpinning them.

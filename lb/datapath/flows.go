@@ -71,6 +71,11 @@ type Flow struct {
 	// seen (the datapath refreshes it at most once a second).
 	Age   time.Duration
 	State FlowState
+	// Expires is how long until the flow, without another packet, is
+	// idle: its state's timeout (datapath.snat_timeouts: tcp, tcp_closing
+	// for a SNAT binding that saw a FIN or RST, udp) less its age; 0 once
+	// idle. The entry itself stays until the table evicts it.
+	Expires time.Duration
 	// SNAT is the source the flow's SNAT binding gives it towards the
 	// backend; invalid for DSR flows and flows without a binding.
 	SNAT netip.AddrPort
@@ -216,11 +221,27 @@ func (d *LB) Flows(f FlowFilter, fn func(Flow) bool) error {
 			Age:      a,
 			State:    d.flowState(k, v, a, b, bound),
 		}
+		fl.Expires = d.flowExpiry(fl.State, a, bound)
 		if bound {
 			fl.SNAT = b.snat
 		}
 		return fn(fl)
 	})
+}
+
+// flowExpiry is Flow.Expires for a flow in state st of age a; bound says
+// whether it has a SNAT binding, whose closing timeout is its own.
+func (d *LB) flowExpiry(st FlowState, a time.Duration, bound bool) time.Duration {
+	t := d.cfg.SNATTimeouts.TCP
+	switch {
+	case st == FlowIdle:
+		return 0
+	case st == FlowUDP:
+		t = d.cfg.SNATTimeouts.UDP
+	case st == FlowClosing && bound:
+		t = d.cfg.SNATTimeouts.TCPClosing
+	}
+	return max(t-a, 0)
 }
 
 // FlowCounts counts the connection table's entries per service and

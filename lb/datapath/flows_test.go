@@ -107,6 +107,15 @@ func TestFlowsDSR(t *testing.T) {
 				if !ok || fl.Frontend != fe || fl.Service != svcID || fl.Backend != ids[c.backend] || fl.State != st || fl.SNAT.IsValid() {
 					t.Errorf("flow %v on %s listed as %+v (found %v)", c.flow, c.backend, fl, ok)
 				}
+				// Idle once its state's timeout has passed since
+				// its latest packet.
+				timeout := window
+				if st == datapath.FlowUDP {
+					timeout = datapath.DefaultSNATTimeouts.UDP
+				}
+				if fl.Expires+fl.Age != timeout || fl.Expires <= 0 {
+					t.Errorf("flow %v: expires in %s at age %s, want the rest of its %s timeout", c.flow, fl.Expires, fl.Age, timeout)
+				}
 			}
 			// Filters: one backend of one service.
 			x := tcp[0].backend
@@ -134,6 +143,8 @@ func TestFlowsDSR(t *testing.T) {
 			}
 			if fl := e.flows(t, datapath.FlowFilter{})[clientOf(aged.flow)]; fl.State != datapath.FlowIdle || fl.Age < 2*window {
 				t.Errorf("entry aged %s past a %s window: %+v, want idle", 2*window, window, fl)
+			} else if fl.Expires != 0 {
+				t.Errorf("idle entry expires in %s, want 0", fl.Expires)
 			}
 			o := datapath.FlowOwner{Service: webID, Backend: webBE[aged.backend]}
 			n := want[o]

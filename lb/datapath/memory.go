@@ -133,6 +133,11 @@ func mapBytes(m *ebpf.MapSpec, cpus int) (uint64, bool) {
 		return mapHead + 2*n*(trieNode+uint64(m.KeySize)-4+uint64(m.ValueSize)), false
 	case ebpf.DevMapHash, ebpf.DevMap:
 		return mapHead + ptrSize*pow2(m.MaxEntries) + 64*n, false
+	case ebpf.RingBuf:
+		// max_entries bytes of data, its header and consumer pages, and
+		// the data pages mapped twice (kernel/bpf/ringbuf.c).
+		const page = 4096
+		return mapHead + n + 3*page + 2*ptrSize*(n/page), true
 	}
 	return mapHead + (k+v)*n, true
 }

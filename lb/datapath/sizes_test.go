@@ -60,6 +60,9 @@ var (
 		bpf.LbMapIngressMacs:     {size(uint32(0)), size(bpf.LbIngressMac{})},
 		bpf.LbMapIngressCache:    {size(uint32(0)), size(bpf.LbIngressCopy{})},
 		bpf.LbMapLocalAddrs:      {size(bpf.LbLocalAddr{}), size(uint8(0))},
+		bpf.LbMapTraceCtl:        {size(uint32(0)), size(bpf.LbTraceFilter{})},
+		bpf.LbMapTraceNotes:      {size(uint32(0)), size(bpf.LbTraceNote{})},
+		bpf.LbMapTraceEvents:     {0, 0}, // a ring buffer
 	}
 	// One Maglev chunk: maglevChunk backend ids.
 	maglevInnerLayout = mapLayout{size(uint32(0)), datapath.MaglevChunk * size(uint32(0))}

@@ -32,6 +32,7 @@ const (
 	labelPeer        = "peer"
 	labelInterface   = "interface"
 	labelKind        = "kind"
+	labelCollector   = "collector"
 )
 
 var (
@@ -140,6 +141,19 @@ var (
 		"1 when another LB box has a different fingerprint (seed, table size, eligible backends) for the service's frontend: the boxes send one flow to different backends.",
 		svcLabels, nil)
 
+	descIPFIXSent = prometheus.NewDesc("l4lb_ipfix_records_sent_total",
+		"IPFIX flow records sent to the collector.", []string{labelCollector}, nil)
+	descIPFIXDropped = prometheus.NewDesc("l4lb_ipfix_records_dropped_total",
+		"IPFIX flow records for the collector that the kernel refused to send (the collector unreachable, a full socket buffer).", []string{labelCollector}, nil)
+	descIPFIXRecords = prometheus.NewDesc("l4lb_ipfix_records_total",
+		"IPFIX flow records made, by event: created, active (active timeout), ended.", []string{labelEvent}, nil)
+	descIPFIXTracked = prometheus.NewDesc("l4lb_ipfix_flows_tracked",
+		"Flows the IPFIX exporter follows from scan to scan.", nil, nil)
+	descIPFIXUntracked = prometheus.NewDesc("l4lb_ipfix_flows_untracked_total",
+		"New flows the IPFIX exporter could not follow (ipfix.max_flows reached): never reported.", nil, nil)
+	descIPFIXScan = prometheus.NewDesc("l4lb_ipfix_scan_duration_seconds",
+		"How long the latest scan of the connection table for IPFIX took.", nil, nil)
+
 	descScrapeError = prometheus.NewDesc("l4lb_snapshot_error",
 		"Never exposed: carries errors met while reading the live state.", nil, nil)
 )
@@ -154,6 +168,7 @@ var allDescs = []*prometheus.Desc{
 	descDiscoverySync, descDiscoveryServices, descConflicting, descRefused,
 	descPendingRestart, descSeedInfo, descBGPAnnounced, descBGPPeerUp, descBGPPeerAdvertised, descBGPUpdatesSent, descBGPUpdatesReceived, descBFDUp, descBFDTransitions,
 	descL2Announced, descL2Replies, descL2Gratuitous, descFleetBoxes, descFleetMismatch,
+	descIPFIXSent, descIPFIXDropped, descIPFIXRecords, descIPFIXTracked, descIPFIXUntracked, descIPFIXScan,
 	descScrapeError,
 }
 
@@ -386,5 +401,22 @@ func (e emitter) announce(s Snapshot) {
 		for svc, m := range f.Mismatch {
 			e.gauge(descFleetMismatch, boolValue(m), svc)
 		}
+	}
+	if x := s.IPFIX; x != nil {
+		seen := map[string]bool{}
+		for _, c := range x.Collectors {
+			if seen[c.Address] {
+				continue
+			}
+			seen[c.Address] = true
+			e.counter(descIPFIXSent, c.Sent, c.Address)
+			e.counter(descIPFIXDropped, c.Dropped, c.Address)
+		}
+		for _, ev := range []string{"created", "active", "ended"} {
+			e.counter(descIPFIXRecords, x.Records[ev], ev)
+		}
+		e.gauge(descIPFIXTracked, float64(x.Tracked))
+		e.counter(descIPFIXUntracked, x.Untracked)
+		e.gauge(descIPFIXScan, x.ScanSeconds)
 	}
 }

@@ -431,3 +431,46 @@ func TestAnnounceSeries(t *testing.T) {
 		t.Fatalf("pedantic gather: %v", err)
 	}
 }
+
+// TestIPFIXSeries checks the flow export's series: one sent and one
+// dropped counter per collector, records by every event (zero included),
+// and lints them.
+func TestIPFIXSeries(t *testing.T) {
+	c := NewCollector(SourceFunc(func() Snapshot {
+		return Snapshot{IPFIX: &IPFIX{
+			Collectors:  []IPFIXCollector{{Address: "192.0.2.50:4739", Sent: 12, Dropped: 3}, {Address: "192.0.2.50:4739", Sent: 99}},
+			Records:     map[string]uint64{"created": 9, "ended": 6},
+			Tracked:     3,
+			Untracked:   1,
+			ScanSeconds: 0.25,
+		}}
+	}))
+	want := `# HELP l4lb_ipfix_flows_tracked Flows the IPFIX exporter follows from scan to scan.
+# TYPE l4lb_ipfix_flows_tracked gauge
+l4lb_ipfix_flows_tracked 3
+# HELP l4lb_ipfix_flows_untracked_total New flows the IPFIX exporter could not follow (ipfix.max_flows reached): never reported.
+# TYPE l4lb_ipfix_flows_untracked_total counter
+l4lb_ipfix_flows_untracked_total 1
+# HELP l4lb_ipfix_records_dropped_total IPFIX flow records for the collector that the kernel refused to send (the collector unreachable, a full socket buffer).
+# TYPE l4lb_ipfix_records_dropped_total counter
+l4lb_ipfix_records_dropped_total{collector="192.0.2.50:4739"} 3
+# HELP l4lb_ipfix_records_sent_total IPFIX flow records sent to the collector.
+# TYPE l4lb_ipfix_records_sent_total counter
+l4lb_ipfix_records_sent_total{collector="192.0.2.50:4739"} 12
+# HELP l4lb_ipfix_records_total IPFIX flow records made, by event: created, active (active timeout), ended.
+# TYPE l4lb_ipfix_records_total counter
+l4lb_ipfix_records_total{event="active"} 0
+l4lb_ipfix_records_total{event="created"} 9
+l4lb_ipfix_records_total{event="ended"} 6
+# HELP l4lb_ipfix_scan_duration_seconds How long the latest scan of the connection table for IPFIX took.
+# TYPE l4lb_ipfix_scan_duration_seconds gauge
+l4lb_ipfix_scan_duration_seconds 0.25
+`
+	if err := testutil.CollectAndCompare(c, strings.NewReader(want)); err != nil {
+		t.Error(err)
+	}
+	problems, err := testutil.CollectAndLint(c)
+	if err != nil || len(problems) > 0 {
+		t.Errorf("lint: %v %+v", err, problems)
+	}
+}

@@ -82,6 +82,8 @@ type Snapshot struct {
 	L2 *L2
 	// Fleet is the fleet check's verdict; nil when it does not run.
 	Fleet *Fleet
+	// IPFIX is the flow export; nil when [ipfix] is off.
+	IPFIX *IPFIX
 	// Errors are failures met while taking the snapshot (a map that could
 	// not be read). Each fails its part of the scrape: the HTTP handler
 	// logs it and serves the rest.
@@ -141,6 +143,27 @@ type Fleet struct {
 	// Mismatch holds, for every service this box serves, whether another
 	// box has a different fingerprint for its frontend.
 	Mismatch map[string]bool
+}
+
+// IPFIX is the flow export's state.
+type IPFIX struct {
+	// Collectors count the records each collector was sent, and those
+	// the kernel refused to send.
+	Collectors []IPFIXCollector
+	// Records count the records made, by event (created, active, ended).
+	Records map[string]uint64
+	// Tracked is how many flows the exporter follows; Untracked counts
+	// new flows it could not follow (ipfix.max_flows).
+	Tracked   int
+	Untracked uint64
+	// ScanSeconds is how long the latest scan of the connection table took.
+	ScanSeconds float64
+}
+
+// IPFIXCollector is one collector's counts.
+type IPFIXCollector struct {
+	Address       string
+	Sent, Dropped uint64
 }
 
 // Service is one served service.

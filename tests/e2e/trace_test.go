@@ -1,0 +1,147 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package e2e
+
+import (
+	"bufio"
+	"encoding/json"
+	"net"
+	"net/netip"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/l4lb/l4lb/lb/api"
+	"github.com/l4lb/l4lb/tests/topo"
+)
+
+// TestTrace runs `l4lbctl trace -o json` against a live daemon while a
+// client opens a TCP connection through a SNAT service: the stream starts
+// with the trace's counts, then shows the connection's packets both ways
+// with its service, backend, SNAT binding and what the connection table
+// did, and ends after --count events with the counts and the reason.
+func TestTrace(t *testing.T) {
+	tp := topo.New(t, topo.Options{LBs: 1, Backends: 2})
+	for _, be := range tp.Backends {
+		be.Serve(netip.AddrPortFrom(be.Addr4, 8080))
+	}
+	d := tp.LBs[0].StartL4LBD(l4lbd(), inspectConfig())
+	tp.RouteVIPs(tp.LBs[0], netip.MustParseAddr("10.200.3.10"))
+
+	const count = 6
+	cmd := exec.Command(filepath.Join(bin, "l4lbctl"), "--socket", d.Socket, "-o", "json", "trace",
+		"--client", tp.Client.Addr4.String(), "--service", "web", "--count", "6", "--timeout", "60s")
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	msgs := make(chan api.TraceMessage, 64)
+	go func() {
+		defer close(msgs)
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			var m api.TraceMessage
+			if err := json.Unmarshal(sc.Bytes(), &m); err != nil {
+				t.Errorf("trace line %q is not a message: %v", sc.Text(), err)
+				return
+			}
+			msgs <- m
+		}
+	}()
+	next := func(what string) api.TraceMessage {
+		t.Helper()
+		select {
+		case m, ok := <-msgs:
+			if !ok {
+				t.Fatalf("%s: trace stream ended; stderr:\n%s", what, stderr.String())
+			}
+			return m
+		case <-time.After(30 * time.Second):
+			t.Fatalf("%s: no trace message", what)
+		}
+		return api.TraceMessage{}
+	}
+	if m := next("start"); m.Stats == nil || m.Stats.Matched != 0 {
+		t.Fatalf("first message %+v, want the trace's zero counts", m)
+	}
+
+	conn, err := tp.Client.DialTCP(0, netip.MustParseAddrPort("10.200.3.10:80"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(conn.Abort)
+	if err := conn.Echo("traced"); err != nil {
+		t.Fatal(err)
+	}
+	client := conn.LocalAddr().(*net.TCPAddr).AddrPort().String()
+	backend := backendAddr(conn.Backend, 8080)
+
+	var events []api.TraceEvent
+	var stats *api.TraceStats
+	end := ""
+	for end == "" {
+		m := next("events")
+		switch {
+		case m.Event != nil:
+			events = append(events, *m.Event)
+		case m.Stats != nil:
+			stats = m.Stats
+		default:
+			end = m.End
+		}
+	}
+	if end != "count" || len(events) != count {
+		t.Fatalf("trace ended %q after %d events, want count after %d: %+v", end, len(events), count, events)
+	}
+	if stats == nil || stats.Reported != count || stats.Matched < count {
+		t.Errorf("last counts %+v, want %d reported of at least as many matched", stats, count)
+	}
+	syn, replies := events[0], 0
+	if syn.TCPFlags != "SYN" || syn.Direction != "client" || syn.Client != client || syn.VIP != "10.200.3.10:80" ||
+		syn.Service != "web" || syn.Backend != backend || syn.Mode != "snat" || syn.Conntrack != "miss" ||
+		syn.SNAT == "" || !strings.HasPrefix(syn.Sent, "SNAT rewritten to "+syn.SNAT+" -> "+backend) ||
+		syn.Hook != "xdp" || syn.Interface != "eth0" || syn.Reason != "" {
+		t.Errorf("first event %+v, want the client's SYN to %s through its SNAT binding, no entry yet", syn, backend)
+	}
+	for _, ev := range events {
+		if ev.Client != client || ev.Backend != backend || ev.Service != "web" {
+			t.Errorf("event %+v is not of the connection %s -> %s", ev, client, backend)
+		}
+		switch {
+		case ev.Direction == "reply":
+			replies++
+			if ev.SNAT != syn.SNAT || !strings.HasPrefix(ev.Sent, "SNAT reply rewritten to 10.200.3.10:80 -> "+client) {
+				t.Errorf("reply event %+v, want the binding %s rewritten back to the client", ev, syn.SNAT)
+			}
+		case ev.TCPFlags == "ACK":
+			if ev.Conntrack != "created" && ev.Conntrack != "hit" {
+				t.Errorf("client ACK %+v: conntrack %q, want created or hit", ev, ev.Conntrack)
+			}
+		}
+	}
+	if replies == 0 {
+		t.Errorf("no reply among %+v", events)
+	}
+	for _, ev := range events {
+		b, _ := json.Marshal(ev)
+		t.Logf("traced: %s", b)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Errorf("l4lbctl trace: %v\n%s", err, stderr.String())
+	}
+
+	// The table output, of a trace no packet matches (the connection is
+	// still open: its late ACKs would match a trace of the service).
+	out, err := l4lbctl(t, d.Socket, "trace", "--service", "web", "--client", "198.51.100.99", "--count", "1", "--timeout", "2s")
+	if err != nil || !strings.Contains(out, "# trace ended (timeout): 0 packets matched") {
+		t.Errorf("an idle trace: %v\n%s", err, out)
+	}
+}
