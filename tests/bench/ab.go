@@ -117,7 +117,7 @@ func benchAB(t *testnet.Script, objs [][]byte, names []string, k hookKind, v6 bo
 	fmt.Fprintf(&hdr, "  %-56s %7s %8s", "path", "A ns", "A /floor")
 	for i := 1; i < len(names); i++ {
 		c := 'A' + i
-		fmt.Fprintf(&hdr, " %7s %8s %6s", fmt.Sprintf("%c ns", c), fmt.Sprintf("%c /floor", c), fmt.Sprintf("%c/A", c))
+		fmt.Fprintf(&hdr, " %7s %8s %16s", fmt.Sprintf("%c ns", c), fmt.Sprintf("%c /floor", c), fmt.Sprintf("%c/A (min-max)", c))
 	}
 	fmt.Println(hdr.String())
 	for _, g := range groups {
@@ -127,11 +127,11 @@ func benchAB(t *testnet.Script, objs [][]byte, names []string, k hookKind, v6 bo
 		for i := 1; i < len(g.at); i++ {
 			x := slotRounds(perRound, g.at[i])
 			ratio := "-"
-			if r, ok := roundRatio(base, x, perRound[0]); ok {
-				ratio = fmt.Sprintf("%.2f", r)
+			if rs := roundRatios(base, x, perRound[0]); len(rs) > 0 {
+				ratio = fmt.Sprintf("%.2f (%.2f-%.2f)", rs[len(rs)/2], rs[0], rs[len(rs)-1])
 			}
 			xm := median(x)
-			fmt.Printf(" %7d %7.2fx %6s", xm.Nanoseconds(), perFloor(xm, empty, floorNet), ratio)
+			fmt.Printf(" %7d %7.2fx %16s", xm.Nanoseconds(), perFloor(xm, empty, floorNet), ratio)
 		}
 		fmt.Println()
 	}
@@ -180,6 +180,16 @@ func slotRounds(perRound [][]time.Duration, slot []int) []time.Duration {
 // same round (net: minus empty's cost in that round); ok is false when
 // base's net was never positive.
 func roundRatio(base, x, empty []time.Duration) (r float64, ok bool) {
+	ratios := roundRatios(base, x, empty)
+	if len(ratios) == 0 {
+		return 0, false
+	}
+	return ratios[len(ratios)/2], true
+}
+
+// roundRatios are x's net cost over base's in each round (see
+// roundRatio), sorted.
+func roundRatios(base, x, empty []time.Duration) []float64 {
 	var ratios []float64
 	for k := range empty {
 		bn, xn := base[k]-empty[k], x[k]-empty[k]
@@ -187,11 +197,8 @@ func roundRatio(base, x, empty []time.Duration) (r float64, ok bool) {
 			ratios = append(ratios, float64(xn)/float64(bn))
 		}
 	}
-	if len(ratios) == 0 {
-		return 0, false
-	}
 	slices.Sort(ratios)
-	return ratios[len(ratios)/2], true
+	return ratios
 }
 
 // perFloor is d's net cost (d - empty) as a multiple of the floor's.
