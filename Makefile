@@ -129,7 +129,8 @@ bench:
 # control: its C/A is how far A against itself strays in this run. Each
 # build runs on three datapaths (about 6 GB in all, 4 minutes). The
 # objects must have the map layouts of the working tree's Go bindings.
-# AB_FLAGS=-6 times IPv6 paths; AB_FLAGS='-paths snat' only those paths.
+# AB_FLAGS=-6 times IPv6 paths, AB_FLAGS=-tc the tc program's;
+# AB_FLAGS='-paths snat' only those paths.
 BASE     ?= HEAD
 AB_FLAGS ?=
 bench-ab: generate

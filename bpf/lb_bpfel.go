@@ -197,9 +197,10 @@ const (
 type LbL4lbSnatState uint32
 
 const (
-	LbL4lbSnatStateL4LB_SNAT_OPEN    LbL4lbSnatState = 0
-	LbL4lbSnatStateL4LB_SNAT_SYN     LbL4lbSnatState = 1
-	LbL4lbSnatStateL4LB_SNAT_CLOSING LbL4lbSnatState = 2
+	LbL4lbSnatStateL4LB_SNAT_OPEN       LbL4lbSnatState = 0
+	LbL4lbSnatStateL4LB_SNAT_SYN        LbL4lbSnatState = 1
+	LbL4lbSnatStateL4LB_SNAT_CLOSING    LbL4lbSnatState = 2
+	LbL4lbSnatStateL4LB_SNAT_UNANSWERED LbL4lbSnatState = 3
 )
 
 type LbL4lbSvcFlags uint32

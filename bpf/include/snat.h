@@ -116,7 +116,7 @@ static __always_inline __u32 snat_new_state(__u8 proto, __u8 flags)
 		return L4LB_SNAT_CLOSING;
 	if ((flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN)
 		return L4LB_SNAT_SYN;
-	return L4LB_SNAT_OPEN;
+	return L4LB_SNAT_UNANSWERED;
 }
 
 /* State of a live binding after a packet from the client or the backend. */
@@ -126,8 +126,10 @@ static __always_inline __u32 snat_next_state(__u8 proto, __u8 flags, __u32 state
 		return L4LB_SNAT_OPEN;
 	if (flags & (TCP_FLAG_FIN | TCP_FLAG_RST))
 		return L4LB_SNAT_CLOSING;
+	/* The backend answered a binding made without a SYN: a real flow
+	 * (a spoofed client never sees the answer to go on). */
 	if (!from_client)
-		return state;
+		return state == L4LB_SNAT_UNANSWERED ? L4LB_SNAT_OPEN : state;
 	/* A new SYN on a closing binding: the client reuses its port for a
 	 * new connection, which starts half-open again. */
 	if ((flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN)

@@ -388,6 +388,10 @@ enum l4lb_snat_state {
 	L4LB_SNAT_OPEN = 0,    /* UDP, or TCP past the handshake: tcp / udp timeout */
 	L4LB_SNAT_SYN = 1,     /* TCP binding made by a SYN, no ACK from the client yet: tcp_closing timeout */
 	L4LB_SNAT_CLOSING = 2, /* TCP after a FIN or RST in either direction: tcp_closing timeout */
+	/* TCP binding made by a client packet without SYN, FIN or RST, until
+	 * the backend answers: tcp_closing timeout. Spoofed ACKs then hold
+	 * ports for seconds, not for the open timeout. */
+	L4LB_SNAT_UNANSWERED = 3,
 };
 
 /* Value of snat_fwd (key: struct flow_key, the client's 5-tuple). */

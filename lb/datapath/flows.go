@@ -140,7 +140,7 @@ func (d *LB) bindings(now uint64, all bool, f FlowFilter) (map[bpf.LbFlowKey]bin
 			if f.Services != nil && !f.Services[reconciler.ServiceID(v.SvcId)] {
 				return true
 			}
-			if !all && v.State == bpf.LbL4lbSnatStateL4LB_SNAT_OPEN {
+			if !all && (v.State == bpf.LbL4lbSnatStateL4LB_SNAT_OPEN || v.State == bpf.LbL4lbSnatStateL4LB_SNAT_UNANSWERED) {
 				return true
 			}
 			if age(now, v.LastSeen) > d.snatTimeout(k.Proto, v.State) {

@@ -9,11 +9,13 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cilium/ebpf"
+
 	"github.com/l4lb/l4lb/internal/testnet"
 	"github.com/l4lb/l4lb/lb"
 )
 
-// benchAB times the XDP paths of several builds of the LB object (the
+// benchAB times the paths of one hook (k) of several builds of the LB object (the
 // first is A, the baseline; the others are B, C, ...) in one process, each
 // on its own datapath and namespace, one path of every build after the
 // other within each round. Two runs of `make bench` differ from process to
@@ -25,8 +27,14 @@ import (
 // by 5-10% against a second load of the very same object (the control),
 // which no number of rounds averages away. only, when not nil, picks the
 // paths timed by name (to profile one, say).
-func benchAB(t *testnet.Script, objs [][]byte, names []string, v6 bool, rounds, runs, copies int, only *regexp.Regexp) {
+func benchAB(t *testnet.Script, objs [][]byte, names []string, k hookKind, v6 bool, rounds, runs, copies int, only *regexp.Regexp) {
 	fl := loadFloors(t)
+	prog := func(r *rig) *ebpf.Program {
+		if k == hookTC {
+			return r.lb.ProgramTC()
+		}
+		return r.lb.Program()
+	}
 	var tgs []target
 	for _, tg := range targets() {
 		if tg.v6 == v6 {
@@ -52,7 +60,7 @@ func benchAB(t *testnet.Script, objs [][]byte, names []string, v6 bool, rounds, 
 	}
 	fl.program(t, targets()[0])
 	floorFrame := rigs[0][0].packet(t, targets()[0], 2000, false, true)
-	paths := fl.paths(hookXDP, floorFrame)
+	paths := fl.paths(k, floorFrame)
 	on := []*rig{rigs[0][0], rigs[0][0]}
 	// A group is one path of every build: at[i] indexes build i's
 	// copies of it.
@@ -61,7 +69,7 @@ func benchAB(t *testnet.Script, objs [][]byte, names []string, v6 bool, rounds, 
 		at   [][]int
 	}
 	var groups []group
-	add := func(name string, mk func(r *rig) func(int) []byte) {
+	add := func(name string, mk func(r *rig) feed) {
 		if only != nil && !only.MatchString(name) {
 			return
 		}
@@ -69,33 +77,24 @@ func benchAB(t *testnet.Script, objs [][]byte, names []string, v6 bool, rounds, 
 		for i, rs := range rigs {
 			for _, r := range rs {
 				g.at[i] = append(g.at[i], len(paths))
-				paths = append(paths, path{name, hookXDP, r.lb.Program(), mk(r), "", nil})
+				f := mk(r)
+				paths = append(paths, path{name: name, hook: k, prog: prog(r), next: f.pkt, pre: f.pre, both: f.both})
 				on = append(on, r)
 			}
 		}
 		groups = append(groups, g)
 	}
-	add("non-VIP pass-through", func(r *rig) func(int) []byte {
+	add("non-VIP pass-through", func(r *rig) feed {
 		frame := r.nonVIP(t, v6)
-		return func(int) []byte { return frame }
+		return feed{pkt: func(int) []byte { return frame }}
 	})
-	for _, tg := range tgs {
-		add(tg.name+": established", func(r *rig) func(int) []byte {
-			est := r.packet(t, tg, 2000, false, true)
-			r.establish(t, r.lb.Program(), hookXDP, tg, est)
-			return func(int) []byte { return est }
-		})
-	}
-	for _, tg := range tgs {
-		if tg.mode != lb.ModeSNAT {
-			add(tg.name+manyName, func(r *rig) func(int) []byte { return r.many(t, r.lb.Program(), hookXDP, tg) })
+	for _, rw := range rows {
+		for _, tg := range tgs {
+			add(tg.name+": "+rw.name, func(r *rig) feed {
+				f, _ := rw.feed(t, r, prog(r), k, tg)
+				return f
+			})
 		}
-	}
-	for _, tg := range tgs {
-		add(tg.name+": new flow, SYN", func(r *rig) func(int) []byte { return r.fresh(t, tg, true) })
-	}
-	for _, tg := range tgs {
-		add(tg.name+": new flow, first non-SYN", func(r *rig) func(int) []byte { return r.fresh(t, tg, false) })
 	}
 
 	// The build that runs first moves round by round: whichever runs
@@ -108,31 +107,31 @@ func benchAB(t *testnet.Script, objs [][]byte, names []string, v6 bool, rounds, 
 	perRound := timeRounds(t, paths, on, order, rounds, runs)
 	floors := summarize(perRound[:2])
 	empty, floorNet := floors[0].med, floors[1].med-floors[0].med
-	fmt.Printf("\nA/B, XDP %s, %d rounds x %d packets, each build on %d datapath(s), the builds interleaved (the first one moving round by round):\n", family(v6), rounds, runs, copies)
+	fmt.Printf("\nA/B, %s %s, %d rounds x %d packets, each build on %d datapath(s), the builds interleaved (the first one moving round by round):\n", k, family(v6), rounds, runs, copies)
 	for i, n := range names {
 		fmt.Printf("  %c = %s\n", 'A'+i, n)
 	}
 	fmt.Printf("floors: empty program %d ns, parse + one lookup %d ns (net %d)\n", empty.Nanoseconds(), floors[1].med.Nanoseconds(), floorNet.Nanoseconds())
 	fmt.Printf("ns and net/floor as make bench prints them; X/A = median over rounds of X's net / A's net in the same round\n")
 	var hdr strings.Builder
-	fmt.Fprintf(&hdr, "  %-44s %7s %8s", "path", "A ns", "A /floor")
+	fmt.Fprintf(&hdr, "  %-56s %7s %8s", "path", "A ns", "A /floor")
 	for i := 1; i < len(names); i++ {
 		c := 'A' + i
-		fmt.Fprintf(&hdr, " %7s %8s %6s", fmt.Sprintf("%c ns", c), fmt.Sprintf("%c /floor", c), fmt.Sprintf("%c/A", c))
+		fmt.Fprintf(&hdr, " %7s %8s %16s", fmt.Sprintf("%c ns", c), fmt.Sprintf("%c /floor", c), fmt.Sprintf("%c/A (min-max)", c))
 	}
 	fmt.Println(hdr.String())
 	for _, g := range groups {
 		base := slotRounds(perRound, g.at[0])
 		a := median(base)
-		fmt.Printf("  %-44s %7d %7.2fx", g.name, a.Nanoseconds(), perFloor(a, empty, floorNet))
+		fmt.Printf("  %-56s %7d %7.2fx", g.name, a.Nanoseconds(), perFloor(a, empty, floorNet))
 		for i := 1; i < len(g.at); i++ {
 			x := slotRounds(perRound, g.at[i])
 			ratio := "-"
-			if r, ok := roundRatio(base, x, perRound[0]); ok {
-				ratio = fmt.Sprintf("%.2f", r)
+			if rs := roundRatios(base, x, perRound[0]); len(rs) > 0 {
+				ratio = fmt.Sprintf("%.2f (%.2f-%.2f)", rs[len(rs)/2], rs[0], rs[len(rs)-1])
 			}
 			xm := median(x)
-			fmt.Printf(" %7d %7.2fx %6s", xm.Nanoseconds(), perFloor(xm, empty, floorNet), ratio)
+			fmt.Printf(" %7d %7.2fx %16s", xm.Nanoseconds(), perFloor(xm, empty, floorNet), ratio)
 		}
 		fmt.Println()
 	}
@@ -181,6 +180,16 @@ func slotRounds(perRound [][]time.Duration, slot []int) []time.Duration {
 // same round (net: minus empty's cost in that round); ok is false when
 // base's net was never positive.
 func roundRatio(base, x, empty []time.Duration) (r float64, ok bool) {
+	ratios := roundRatios(base, x, empty)
+	if len(ratios) == 0 {
+		return 0, false
+	}
+	return ratios[len(ratios)/2], true
+}
+
+// roundRatios are x's net cost over base's in each round (see
+// roundRatio), sorted.
+func roundRatios(base, x, empty []time.Duration) []float64 {
 	var ratios []float64
 	for k := range empty {
 		bn, xn := base[k]-empty[k], x[k]-empty[k]
@@ -188,11 +197,8 @@ func roundRatio(base, x, empty []time.Duration) (r float64, ok bool) {
 			ratios = append(ratios, float64(xn)/float64(bn))
 		}
 	}
-	if len(ratios) == 0 {
-		return 0, false
-	}
 	slices.Sort(ratios)
-	return ratios[len(ratios)/2], true
+	return ratios
 }
 
 // perFloor is d's net cost (d - empty) as a multiple of the floor's.

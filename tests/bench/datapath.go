@@ -95,13 +95,14 @@ func newRig(t *testnet.Script, obj []byte, snatMax uint32) *rig {
 	ns.AddRoute(t, "203.0.113.0/24", "10.0.0.254", "lb0")
 	ns.AddRoute(t, "2001:db8:1::/64", "fd00::fe", "lb0")
 	d, err := datapath.Load(datapath.Config{
-		Seed: benchSeed, MaxServices: maxServices, MaxBackends: maxServices * 3, ConntrackMax: 1 << 20,
+		Seed: benchSeed, MaxServices: maxServices, MaxBackends: maxServices * 3,
 		// Every SNAT address a family may have: fresh paths make a
 		// binding per flow, tens of thousands a run, and with one
 		// address the 3 backends' ports (3 x 16384 in the default
 		// range) would fill up and time port exhaustion instead.
 		SNATAddresses: snatAddrs,
 		SNATMax:       snatMax,
+		ConntrackMax:  rigConntrackMax,
 		Netns:         ns.Handle(),
 		Object:        obj,
 		Log:           slog.New(slog.DiscardHandler),
@@ -149,15 +150,22 @@ func (r *rig) nonVIP(t *testnet.Script, v6 bool) []byte {
 // the handshakes buckets) already holds. Each path takes client addresses
 // of its own, a new one every freshPorts flows.
 func (r *rig) fresh(t *testnet.Script, tg target, syn bool) func(int) []byte {
+	flow := r.freshFlows(tg)
+	return func(int) []byte { return r.packetFrom(t, tg, flow(), syn, !syn) }
+}
+
+// freshFlows gives the client end of a flow never sent before at each
+// call, from client addresses of its own (see fresh).
+func (r *rig) freshFlows(tg target) func() netip.AddrPort {
 	var src netip.Addr
 	n := 0
-	return func(int) []byte {
+	return func() netip.AddrPort {
 		if n%freshPorts == 0 {
 			src = r.freshClient(tg.v6)
 		}
 		port := uint16(freshPortMin + n%freshPorts)
 		n++
-		return r.packetFrom(t, tg, netip.AddrPortFrom(src, port), syn, !syn)
+		return netip.AddrPortFrom(src, port)
 	}
 }
 
@@ -181,31 +189,130 @@ func (r *rig) freshClient(v6 bool) netip.Addr {
 	return netip.AddrFrom4([4]byte{100, 64 + byte(k>>16), byte(k >> 8), byte(k)})
 }
 
-// cacheMissFlows is how many established flows the many-flows path cycles
-// through: four times the slots of a CPU's flow cache
+// cacheMissFlows is how many established flows the first many-flows path
+// cycles through: four times the slots of a CPU's flow cache
 // (L4LB_FLOW_CACHE_SLOTS), so that almost every packet finds its slot
 // taken by another flow and reads the connection table, whose entries are
-// no longer in the CPU's caches either: a busy box's worst case.
-const cacheMissFlows = 4 * 4096
+// no longer in the CPU's caches either: a busy box's worst case. The
+// second one (bench-ab's) cycles through manyFlows, where the connection
+// table's own buckets and entries (a quarter of the default table) are
+// far beyond the CPU's caches and TLB.
+const (
+	cacheMissFlows = 4 * 4096
+	manyFlows      = 1 << 18
+)
 
-// manyName is the name of the many-flows path after its target's.
-var manyName = fmt.Sprintf(": established, %d flows", cacheMissFlows)
+// rigConntrackMax is the connection table's capacity on the bench's
+// datapaths: twice the daemon's default, so that bench-ab's four targets
+// of a family each keep their manyFlows entries, and the fresh paths'
+// beside them, without the LRU evicting any.
+const rigConntrackMax = 1 << 21
 
-// many establishes cacheMissFlows flows of tg from a client address of
-// their own (so no other path's ports collide with them) and returns a
-// packet source that cycles through them, round after round.
-func (r *rig) many(t *testnet.Script, prog *ebpf.Program, k hookKind, tg target) func(int) []byte {
-	src := tg.client().Next()
-	frames := make([][]byte, cacheMissFlows)
+// many establishes n flows of tg, each client address of the rig's own
+// sending from every fresh port, and returns a packet source that cycles
+// through them, round after round.
+func (r *rig) many(t *testnet.Script, prog *ebpf.Program, k hookKind, tg target, n int) func(int) []byte {
+	frames := make([][]byte, n)
+	var src netip.Addr
 	for i := range frames {
-		frames[i] = r.packetFrom(t, tg, netip.AddrPortFrom(src, uint16(1024+i)), false, true)
+		if i%freshPorts == 0 {
+			src = r.freshClient(tg.v6)
+		}
+		frames[i] = r.packetFrom(t, tg, netip.AddrPortFrom(src, uint16(freshPortMin+i%freshPorts)), false, true)
+		if tg.mode == lb.ModeSNAT {
+			r.establish(t, prog, k, tg, frames[i])
+		}
 	}
-	r.timeRuns(t, prog, k, cacheMissFlows, func(i int) []byte { return frames[i] })
+	if tg.mode != lb.ModeSNAT {
+		r.timeRuns(t, prog, k, n, func(i int) []byte { return frames[i] })
+	}
 	next := 0
 	return func(int) []byte {
-		next = (next + 1) % cacheMissFlows
+		next = (next + 1) % n
 		return frames[next]
 	}
+}
+
+// freshPair gives the SYN and then the first ACK of a flow never sent
+// before, a new one every run (see fresh): pre is the SYN, pkt the ACK.
+func (r *rig) freshPair(t *testnet.Script, tg target, both bool) feed {
+	flow := r.freshFlows(tg)
+	var ack []byte
+	return feed{
+		pre: func(int) []byte {
+			c := flow()
+			ack = r.packetFrom(t, tg, c, false, true)
+			return r.packetFrom(t, tg, c, true, false)
+		},
+		pkt:  func(int) []byte { return ack },
+		both: both,
+	}
+}
+
+// A row is a packet path timed for every target (that it applies to).
+type row struct {
+	name string
+	// kind groups the path for make bench's summary (see path).
+	kind string
+	// flows: the many-flows rows' flow count (0 for the others).
+	flows int
+	feed  func(t *testnet.Script, r *rig, prog *ebpf.Program, k hookKind, tg target) (feed, bool)
+}
+
+func (rw row) String() string { return rw.name }
+
+// rows are the paths timed per target, in the order the tables print
+// them.
+var rows = []row{
+	{name: "established", kind: "established", feed: func(t *testnet.Script, r *rig, prog *ebpf.Program, k hookKind, tg target) (feed, bool) {
+		est := r.packet(t, tg, 2000+uint16(k), false, true)
+		// Put the established flow in the tables (SNAT: the
+		// handshake's client ACK and a reply make it established).
+		r.establish(t, prog, k, tg, est)
+		return feed{pkt: func(int) []byte { return est }}, true
+	}},
+	// Established flows that miss the flow cache: many flows, cycled
+	// (bpf/include/flowcache.h).
+	manyRow(cacheMissFlows),
+	manyRow(manyFlows),
+	// Every SYN is a new client port: a new flow for every run, which for
+	// SNAT means allocating a new binding.
+	{name: "new flow, SYN", kind: "syn", feed: func(t *testnet.Script, r *rig, _ *ebpf.Program, _ hookKind, tg target) (feed, bool) {
+		return feed{pkt: r.fresh(t, tg, true)}, true
+	}},
+	// The first packet without SYN of a flow the table does not know:
+	// balanced and recorded.
+	{name: "new flow, first non-SYN", kind: "first", feed: func(t *testnet.Script, r *rig, _ *ebpf.Program, _ hookKind, tg target) (feed, bool) {
+		return feed{pkt: r.fresh(t, tg, false)}, true
+	}},
+	// What every connection takes: its client's first ACK, right after
+	// its own SYN went through (untimed).
+	{name: "ACK after its own SYN", kind: "ack", feed: func(t *testnet.Script, r *rig, _ *ebpf.Program, _ hookKind, tg target) (feed, bool) {
+		return r.freshPair(t, tg, false), true
+	}},
+	// The two together: what setting up a connection costs the LB.
+	{name: "per connection (SYN + ACK after it)", kind: "conn", feed: func(t *testnet.Script, r *rig, _ *ebpf.Program, _ hookKind, tg target) (feed, bool) {
+		return r.freshPair(t, tg, true), true
+	}},
+}
+
+// manyRow is the row of an established packet among n flows.
+func manyRow(n int) row {
+	return row{
+		name: fmt.Sprintf("established among %s flows", thousands(n)), kind: "many", flows: n,
+		feed: func(t *testnet.Script, r *rig, prog *ebpf.Program, k hookKind, tg target) (feed, bool) {
+			return feed{pkt: r.many(t, prog, k, tg, n)}, true
+		},
+	}
+}
+
+// thousands writes n with commas between its groups of three digits.
+func thousands(n int) string {
+	s := fmt.Sprint(n)
+	for i := len(s) - 3; i > 0; i -= 3 {
+		s = s[:i] + "," + s[i:]
+	}
+	return s
 }
 
 // filler returns n IPv4 DSR services on VIPs 198.18.x.y:80 that only make
@@ -297,19 +404,46 @@ func (h hookKind) String() string { return [...]string{"XDP", "tc"}[h] }
 // timeRuns runs prog once per packet (a fresh packet each run) and returns
 // the kernel-measured durations.
 func (r *rig) timeRuns(t *testnet.Script, prog *ebpf.Program, k hookKind, runs int, next func(i int) []byte) []time.Duration {
+	return r.timeFeed(t, prog, k, runs, feed{pkt: next})
+}
+
+// A feed gives a path the packets of its runs: run i sends pre(i) first
+// when pre is set, then pkt(i). Only pkt's is timed, or with both the two
+// packets' times added: what a flow's first two packets cost together.
+type feed struct {
+	pre, pkt func(i int) []byte
+	both     bool
+}
+
+// timeFeed runs prog on runs of f (a fresh packet each run) and returns
+// the kernel-measured durations.
+func (r *rig) timeFeed(t *testnet.Script, prog *ebpf.Program, k hookKind, runs int, f feed) []time.Duration {
 	ds := make([]time.Duration, 0, runs)
+	run := func(pkt []byte) (time.Duration, error) {
+		var ctx any = xdpMD{DataEnd: uint32(len(pkt)), IngressIfindex: r.ifindex}
+		if k == hookTC {
+			ctx = skbContext(r.ifindex)
+		}
+		res, err := bpftest.Run(prog, pkt, ctx, 1)
+		return res.Duration, err
+	}
 	err := r.ns.Do(func() error {
 		for i := range runs {
-			pkt := next(i)
-			var ctx any = xdpMD{DataEnd: uint32(len(pkt)), IngressIfindex: r.ifindex}
-			if k == hookTC {
-				ctx = skbContext(r.ifindex)
+			var first time.Duration
+			if f.pre != nil {
+				d, err := run(f.pre(i))
+				if err != nil {
+					return err
+				}
+				if f.both {
+					first = d
+				}
 			}
-			res, err := bpftest.Run(prog, pkt, ctx, 1)
+			d, err := run(f.pkt(i))
 			if err != nil {
 				return err
 			}
-			ds = append(ds, res.Duration)
+			ds = append(ds, first+d)
 		}
 		return nil
 	})
@@ -357,13 +491,16 @@ type path struct {
 	// round then costs the median of what prog and each copy cost in it
 	// (see floorCopies).
 	copies []*ebpf.Program
+	// pre and both: see feed.
+	pre  func(int) []byte
+	both bool
 }
 
 // round times one round of p (roundCost), over its copies if it has any.
 func (r *rig) round(t *testnet.Script, p path, runs int) time.Duration {
 	var costs []time.Duration
 	for _, prog := range append([]*ebpf.Program{p.prog}, p.copies...) {
-		costs = append(costs, roundCost(r.timeRuns(t, prog, p.hook, runs, p.next)))
+		costs = append(costs, roundCost(r.timeFeed(t, prog, p.hook, runs, feed{p.pre, p.next, p.both})))
 	}
 	return median(costs)
 }
@@ -425,14 +562,14 @@ const floorCopies = 5
 // Floors must be paths 0 (empty) and 1 (parse + lookup).
 func report(title string, paths []path, res []timing) {
 	empty, floorNet := res[0].med, res[1].med-res[0].med
-	fmt.Printf("\n%s\n  %-46s %7s %13s %7s %9s\n", title, "path", "ns", "min-max", "net", "net/floor")
+	fmt.Printf("\n%s\n  %-56s %7s %13s %7s %9s\n", title, "path", "ns", "min-max", "net", "net/floor")
 	for i, p := range paths {
 		net := res[i].med - empty
 		ratio := "-"
 		if i > 0 && floorNet > 0 {
 			ratio = fmt.Sprintf("%.2fx", float64(net)/float64(floorNet))
 		}
-		fmt.Printf("  %-46s %7d %6d-%-6d %7d %9s\n", p.name, res[i].med.Nanoseconds(), res[i].lo.Nanoseconds(), res[i].hi.Nanoseconds(), net.Nanoseconds(), ratio)
+		fmt.Printf("  %-56s %7d %6d-%-6d %7d %9s\n", p.name, res[i].med.Nanoseconds(), res[i].lo.Nanoseconds(), res[i].hi.Nanoseconds(), net.Nanoseconds(), ratio)
 	}
 }
 
@@ -464,25 +601,18 @@ func benchDatapath(t *testnet.Script, obj []byte, rounds, runs int) {
 	summary := map[string][]float64{}
 	for _, k := range []hookKind{hookXDP, hookTC} {
 		paths := fl.paths(k, floorFrame)
-		paths = append(paths, path{"non-VIP pass-through", k, progs[k], func(int) []byte { return nonVIP }, "nonvip", nil})
+		paths = append(paths, path{name: "non-VIP pass-through", hook: k, prog: progs[k], next: func(int) []byte { return nonVIP }, kind: "nonvip"})
 		for _, tg := range tgs {
-			est := r.packet(t, tg, 2000+uint16(k), false, true)
-			// Put the established flow in the tables (SNAT: the
-			// handshake's client ACK and a reply make it established).
-			r.establish(t, progs[k], k, tg, est)
-			paths = append(paths,
-				path{tg.name + ": established", k, progs[k], func(int) []byte { return est }, "established", nil},
-				// Every SYN is a new client port: a new flow for every
-				// run, which for SNAT means allocating a new binding.
-				path{tg.name + ": new flow, SYN", k, progs[k], r.fresh(t, tg, true), "syn", nil},
-				// The first packet without SYN of a flow the table does
-				// not know: balanced and recorded.
-				path{tg.name + ": new flow, first non-SYN", k, progs[k], r.fresh(t, tg, false), "first", nil},
-			)
-			if tg.mode != lb.ModeSNAT {
-				// Established flows that miss the flow cache: many
-				// flows, cycled (bpf/include/flowcache.h).
-				paths = append(paths, path{tg.name + manyName, k, progs[k], r.many(t, progs[k], k, tg), "many", nil})
+			for _, rw := range rows {
+				if rw.flows > cacheMissFlows {
+					// bench-ab's alone: one datapath here serves both
+					// hooks and families, and every target's quarter
+					// of a million flows would overflow its table.
+					continue
+				}
+				if f, ok := rw.feed(t, r, progs[k], k, tg); ok {
+					paths = append(paths, path{name: tg.name + ": " + rw.name, hook: k, prog: progs[k], kind: rw.kind, next: f.pkt, pre: f.pre, both: f.both})
+				}
 			}
 		}
 		res := r.measure(t, paths, rounds, runs)
@@ -494,7 +624,7 @@ func benchDatapath(t *testnet.Script, obj []byte, rounds, runs int) {
 					continue
 				}
 				key := p.kind
-				if p.kind == "established" || p.kind == "many" || p.kind == "syn" || p.kind == "first" {
+				if p.kind != "nonvip" {
 					if isSNAT(p.name) {
 						key += " snat"
 					} else {
@@ -506,7 +636,7 @@ func benchDatapath(t *testnet.Script, obj []byte, rounds, runs int) {
 		}
 	}
 	fmt.Printf("\nsummary, XDP IPv4, net cost / parse+lookup floor (range over dispatches):\n")
-	for _, k := range []string{"established dsr", "established snat", "many dsr", "syn dsr", "syn snat", "first dsr", "first snat", "nonvip"} {
+	for _, k := range []string{"established dsr", "established snat", "many dsr", "many snat", "syn dsr", "syn snat", "first dsr", "first snat", "ack dsr", "ack snat", "conn dsr", "conn snat", "nonvip"} {
 		v := summary[k]
 		if len(v) == 0 {
 			continue
@@ -617,7 +747,7 @@ func benchScale(t *testnet.Script, obj []byte, fl *floorSet, svcs []lb.Service, 
 			}
 			for _, r := range rs {
 				g.at[c] = append(g.at[c], len(paths))
-				paths = append(paths, path{name, hookXDP, r.lb.Program(), mk(r), "", nil})
+				paths = append(paths, path{name: name, hook: hookXDP, prog: r.lb.Program(), next: mk(r), kind: ""})
 				on = append(on, r)
 			}
 		}
@@ -742,8 +872,8 @@ func (fs *floorSet) program(t *testnet.Script, tg target) {
 func (fs *floorSet) paths(k hookKind, frame []byte) []path {
 	f := fs.hooks[k]
 	return []path{
-		{"floor: empty program", k, f.pass, func(int) []byte { return frame }, "", nil},
-		{"floor: parse + one lookup", k, f.parse[0], func(int) []byte { return frame }, "", f.parse[1:]},
+		{name: "floor: empty program", hook: k, prog: f.pass, next: func(int) []byte { return frame }},
+		{name: "floor: parse + one lookup", hook: k, prog: f.parse[0], next: func(int) []byte { return frame }, copies: f.parse[1:]},
 	}
 }
 

@@ -31,6 +31,7 @@ func main() {
 	a := flag.String("a", "", "A/B mode: the baseline LB object A (an lb_bpfel.o); empty takes the embedded one. Without -b: the full table for this object instead of the embedded one")
 	b := flag.String("b", "", "A/B mode: the LB objects to compare with A, comma-separated, path by path in one process")
 	v6 := flag.Bool("6", false, "A/B mode: IPv6 paths instead of IPv4")
+	tc := flag.Bool("tc", false, "A/B mode: the tc program's paths instead of XDP's")
 	labels := flag.String("names", "", "A/B mode: comma-separated names of the objects, for the report")
 	pathsRe := flag.String("paths", "", "A/B mode: time only the paths whose name matches this regular expression")
 	copies := flag.Int("copies", 3, "A/B mode: datapaths per build; a build's figure in a round is the median of its copies' (each takes about 0.7 GB)")
@@ -71,7 +72,11 @@ func main() {
 				os.Exit(2)
 			}
 		}
-		run = func() { benchAB(t, objs, names, *v6, *rounds, *runs, *copies, only) }
+		k := hookXDP
+		if *tc {
+			k = hookTC
+		}
+		run = func() { benchAB(t, objs, names, k, *v6, *rounds, *runs, *copies, only) }
 	}
 	if err := t.Run(run); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)

@@ -25,7 +25,7 @@ func benchPrimitives(t *testnet.Script, r *rig, fl *floorSet, frame []byte, roun
 		}
 	}
 	one := func(name string, p *ebpf.Program) path {
-		return path{name, hookXDP, p, func(int) []byte { return frame }, "", nil}
+		return path{name: name, hook: hookXDP, prog: p, next: func(int) []byte { return frame }, kind: ""}
 	}
 	paths := []path{
 		one("empty program", fl.hooks[hookXDP].pass),
