@@ -254,7 +254,14 @@ few hundred MB of text.`,
 			if q.Limit < 0 {
 				return &exitError{code: 2, err: fmt.Errorf("--limit %d: want a number of flows, 0 for all", q.Limit)}
 			}
-			fl, err := api.NewClient(g.socket).Flows(cmd.Context(), q)
+			var fl api.FlowList
+			err := g.ask(cmd, func(c *api.Client) (err error) {
+				fl, err = c.Flows(cmd.Context(), q)
+				return err
+			}, func(p *daemon.Pinned) (err error) {
+				fl, err = p.Flows(q)
+				return err
+			})
 			if err != nil {
 				return err
 			}

@@ -102,7 +102,7 @@ func root() *cobra.Command {
 	}
 	cmd.PersistentFlags().StringVarP(&g.output, "output", "o", "table", "output format: table or json")
 	cmd.PersistentFlags().StringVar(&g.socket, "socket", "/run/l4lb/l4lb.sock", "l4lbd admin socket")
-	cmd.PersistentFlags().BoolVar(&g.offline, "offline", false, "service list|get and conntrack stats: read the datapath pinned under daemon.bpffs of --config instead of asking l4lbd (they do so by themselves when no l4lbd answers)")
+	cmd.PersistentFlags().BoolVar(&g.offline, "offline", false, "service list|get and conntrack stats|list: read the datapath pinned under daemon.bpffs of --config instead of asking l4lbd (they do so by themselves when no l4lbd answers)")
 	cmd.PersistentFlags().StringVar(&g.config, "config", "/etc/l4lb/l4lb.toml", "with --offline (or no l4lbd answering): the config whose daemon.bpffs to read and whose services name the pinned ones")
 	cmd.PersistentPreRunE = func(*cobra.Command, []string) error {
 		if g.output != "table" && g.output != "json" {

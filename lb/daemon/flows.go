@@ -13,6 +13,25 @@ import (
 	"github.com/l4lb/l4lb/lb/reconciler"
 )
 
+// flowService is what listing flows needs of one programmed service: its
+// name and ids.
+type flowService struct {
+	name string
+	id   reconciler.ServiceID
+	ids  map[netip.AddrPort]reconciler.BackendID
+}
+
+// viewFlowServices are v's programmed services.
+func viewFlowServices(v *view) []flowService {
+	out := make([]flowService, 0, v.services.Len())
+	for _, svc := range v.services.All() {
+		if ps := v.programmedOf(svc.Frontend); ps.ID != 0 {
+			out = append(out, flowService{name: svc.Name, id: ps.ID, ids: ps.ids})
+		}
+	}
+	return out
+}
+
 // flowNames names the service and backend ids of a view.
 type flowNames struct {
 	services map[reconciler.ServiceID]string
@@ -21,16 +40,12 @@ type flowNames struct {
 	owner map[reconciler.BackendID]reconciler.ServiceID
 }
 
-func namesOf(v *view) flowNames {
+func namesOf(svcs []flowService) flowNames {
 	n := flowNames{services: map[reconciler.ServiceID]string{}, backends: map[reconciler.BackendID]netip.AddrPort{}, owner: map[reconciler.BackendID]reconciler.ServiceID{}}
-	for _, svc := range v.services.All() {
-		ps := v.programmedOf(svc.Frontend)
-		if ps.ID == 0 {
-			continue
-		}
-		n.services[ps.ID] = svc.Name
-		for addr, id := range ps.ids {
-			n.backends[id], n.owner[id] = addr, ps.ID
+	for _, s := range svcs {
+		n.services[s.id] = s.name
+		for addr, id := range s.ids {
+			n.backends[id], n.owner[id] = addr, s.id
 		}
 	}
 	return n
@@ -38,7 +53,7 @@ func namesOf(v *view) flowNames {
 
 // flowFilter turns a service name and a backend (ip:port, of any service
 // unless one is named) into the datapath's filter.
-func flowFilter(v *view, service, backend string) (datapath.FlowFilter, error) {
+func flowFilter(svcs []flowService, service, backend string) (datapath.FlowFilter, error) {
 	var f datapath.FlowFilter
 	var be netip.AddrPort
 	if backend != "" {
@@ -53,19 +68,15 @@ func flowFilter(v *view, service, backend string) (datapath.FlowFilter, error) {
 		f.Services = map[reconciler.ServiceID]bool{}
 	}
 	svcFound, beFound := service == "", backend == ""
-	for _, svc := range v.services.All() {
-		if service != "" && svc.Name != service {
+	for _, s := range svcs {
+		if service != "" && s.name != service {
 			continue
 		}
 		svcFound = true
-		ps := v.programmedOf(svc.Frontend)
-		if ps.ID == 0 {
-			continue
-		}
 		if f.Services != nil {
-			f.Services[ps.ID] = true
+			f.Services[s.id] = true
 		}
-		if id, ok := ps.ids[be]; ok && f.Backends != nil {
+		if id, ok := s.ids[be]; ok && f.Backends != nil {
 			f.Backends[id], beFound = true, true
 		}
 	}
@@ -82,17 +93,21 @@ func flowFilter(v *view, service, backend string) (datapath.FlowFilter, error) {
 
 // Flows implements api.Provider.
 func (d *Daemon) Flows(q api.FlowQuery) (api.FlowList, error) {
-	out := api.FlowList{Flows: []api.Flow{}}
 	if d.dp == nil {
-		return out, errors.New("datapath not loaded")
+		return api.FlowList{Flows: []api.Flow{}}, errors.New("datapath not loaded")
 	}
-	v := d.view.Load()
-	f, err := flowFilter(v, q.Service, q.Backend)
+	return listFlows(d.dp, viewFlowServices(d.view.Load()), q)
+}
+
+// listFlows lists dp's flows that q asks for, named after svcs.
+func listFlows(dp *datapath.LB, svcs []flowService, q api.FlowQuery) (api.FlowList, error) {
+	out := api.FlowList{Flows: []api.Flow{}}
+	f, err := flowFilter(svcs, q.Service, q.Backend)
 	if err != nil {
 		return out, err
 	}
-	names := namesOf(v)
-	err = d.dp.Flows(f, func(fl datapath.Flow) bool {
+	names := namesOf(svcs)
+	err = dp.Flows(f, func(fl datapath.Flow) bool {
 		out.Matched++
 		if q.Limit > 0 && len(out.Flows) >= q.Limit {
 			return true // counted, not listed
@@ -131,7 +146,7 @@ func (d *Daemon) Flush(ctx context.Context, req api.FlushRequest) (api.FlushResu
 		var f datapath.FlowFilter
 		if !req.All || req.Service != "" || req.Backend != "" {
 			var err error
-			if f, err = flowFilter(d.view.Load(), req.Service, req.Backend); err != nil {
+			if f, err = flowFilter(viewFlowServices(d.view.Load()), req.Service, req.Backend); err != nil {
 				return err
 			}
 		}

@@ -69,7 +69,7 @@ func (d *Daemon) startIPFIX(ctx context.Context, wg *sync.WaitGroup, cfg *config
 // ipfixScan walks the connection table once and sends what changed.
 func (d *Daemon) ipfixScan(r *ipfixRun, now time.Time) {
 	v := d.view.Load()
-	names := namesOf(v)
+	names := namesOf(viewFlowServices(v))
 	modes := map[reconciler.ServiceID]string{}
 	for _, svc := range v.services.All() {
 		if id := v.programmedOf(svc.Frontend).ID; id != 0 {

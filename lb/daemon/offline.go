@@ -4,6 +4,7 @@ package daemon
 
 import (
 	"fmt"
+	"net/netip"
 
 	"github.com/l4lb/l4lb/lb"
 	"github.com/l4lb/l4lb/lb/api"
@@ -72,13 +73,18 @@ func (p *Pinned) Service(name string) (api.Service, error) {
 	return api.Service{}, fmt.Errorf("no service %q pinned under %s: %w", name, p.Dir, api.ErrNotFound)
 }
 
+// name is the config's name of a pinned service, or its frontend.
+func (p *Pinned) name(s reconciler.ServiceState) string {
+	if name, ok := p.names[s.Service.Frontend]; ok {
+		return name
+	}
+	return s.Service.Frontend.String()
+}
+
 func (p *Pinned) service(s reconciler.ServiceState) api.Service {
 	svc := s.Service
-	name, ok := p.names[svc.Frontend]
+	name := p.name(s)
 	source := "pinned (" + p.Dir + ")"
-	if !ok {
-		name = svc.Frontend.String()
-	}
 	as := api.Service{Name: name, Frontend: svc.Frontend.String(), Mode: svc.Mode.String(), TableSize: svc.TableSize, Source: source}
 	if svc.Mode != lb.ModeSNAT {
 		as.Dispatch = svc.Dispatch.String()
@@ -98,6 +104,20 @@ func (p *Pinned) service(s reconciler.ServiceState) api.Service {
 		as.Backends = append(as.Backends, ab)
 	}
 	return as
+}
+
+// Flows lists the pinned connection table's flows as `conntrack list`
+// does, services named as Services names them.
+func (p *Pinned) Flows(q api.FlowQuery) (api.FlowList, error) {
+	svcs := make([]flowService, 0, len(p.st.Services))
+	for _, s := range p.st.Services {
+		fs := flowService{name: p.name(s), id: s.ID, ids: make(map[netip.AddrPort]reconciler.BackendID, len(s.Backends))}
+		for _, b := range s.Backends {
+			fs.ids[b.Addr] = b.ID
+		}
+		svcs = append(svcs, fs)
+	}
+	return listFlows(p.dp, svcs, q)
 }
 
 // Conntrack is the connection table's fill and insert failures.

@@ -191,7 +191,7 @@ type traceNames struct {
 }
 
 func (n *traceNames) refresh(d *Daemon, now time.Time) {
-	n.names, n.at = namesOf(d.view.Load()), now
+	n.names, n.at = namesOf(viewFlowServices(d.view.Load())), now
 }
 
 func (n *traceNames) event(d *Daemon, ev datapath.TraceEvent) *api.TraceEvent {

@@ -150,6 +150,9 @@ type LB struct {
 	// offline are the maps OpenPinned opened read-only: set only on an
 	// LB that reads the pins of a stopped l4lbd.
 	offline []*ebpf.Map
+	// snatRevOvf is the SNAT reverse overflow table of a datapath opened
+	// read-only (OpenPinned), which has no collection.
+	snatRevOvf *ebpf.Map
 
 	reasonNames []string
 	eventNames  []string

@@ -135,7 +135,14 @@ type binding struct {
 // flows there are.
 func (d *LB) bindings(now uint64, all bool, f FlowFilter) (map[bpf.LbFlowKey]binding, error) {
 	out := map[bpf.LbFlowKey]binding{}
-	for _, m := range []*ebpf.Map{d.snatRev, d.coll.Maps[bpf.LbMapSnatRevOvf]} {
+	ovf := d.snatRevOvf
+	if d.coll != nil {
+		ovf = d.coll.Maps[bpf.LbMapSnatRevOvf]
+	}
+	for _, m := range []*ebpf.Map{d.snatRev, ovf} {
+		if m == nil {
+			continue
+		}
 		err := walk(m, func(k *bpf.LbSnatRevKey, v *bpf.LbSnatRevValue) bool {
 			if f.Services != nil && !f.Services[reconciler.ServiceID(v.SvcId)] {
 				return true

@@ -61,6 +61,16 @@ func OpenPinned(pinPath string) (*LB, error) {
 		*into = m
 		opened = append(opened, m)
 	}
+	// The SNAT reverse tables give SNAT flows their state; a datapath
+	// pinned before they existed, or without SNAT in use, lists its
+	// flows without it.
+	for name, into := range map[string]**ebpf.Map{bpf.LbMapSnatRev: &d.snatRev, bpf.LbMapSnatRevOvf: &d.snatRevOvf} {
+		m, err := ebpf.LoadPinnedMap(filepath.Join(pinPath, spec.Maps[name].Name), &ebpf.LoadPinOptions{ReadOnly: true})
+		if err == nil {
+			*into = m
+			opened = append(opened, m)
+		}
+	}
 	d.offline = opened
 	return d, nil
 }

@@ -229,6 +229,10 @@ func TestOfflineReading(t *testing.T) {
 	if err != nil || !regexp.MustCompile(`entries [1-9]\d* of 65536`).MatchString(out) {
 		t.Errorf("conntrack stats with l4lbd stopped: %v\n%s", err, out)
 	}
+	out, errOut, err = ctl("conntrack", "list", "--service", "web4")
+	if err != nil || !strings.Contains(out, vip4.String()+":80") || !strings.Contains(out, topo.Prefix4+"21:80") {
+		t.Errorf("conntrack list --service web4 with l4lbd stopped: %v\n%s%s", err, out, errOut)
+	}
 	if out, errOut, err := ctl("backend", "drain", "web4", topo.Prefix4+"21:80"); err == nil {
 		t.Errorf("a drain without l4lbd succeeded:\n%s%s", out, errOut)
 	}
