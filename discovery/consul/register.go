@@ -57,8 +57,12 @@ func (s *Source) registerSelf(ctx context.Context) {
 	for {
 		if !registered {
 			err := s.client.Agent().ServiceRegisterOpts(reg, api.ServiceRegisterOpts{}.WithContext(ctx))
-			if err != nil {
-				if lastOK && ctx.Err() == nil {
+			if err != nil && ctx.Err() != nil {
+				// Stopped while asking: the agent may have registered
+				// the box all the same, so the stop deregisters it.
+				registered = true
+			} else if err != nil {
+				if lastOK {
 					log.Warn("cannot register this box in Consul; retrying", "error", err)
 				}
 				lastOK = false
@@ -76,10 +80,14 @@ func (s *Source) registerSelf(ctx context.Context) {
 			}
 			q := (&api.QueryOptions{}).WithContext(ctx)
 			if err := s.client.Agent().UpdateTTLOpts(checkID, output, status, q); err != nil {
-				if lastOK && ctx.Err() == nil {
-					log.Warn("cannot update this box's health check in Consul; registering again", "error", err)
+				// Stopped while asking says nothing about the
+				// registration, which the stop below removes.
+				if ctx.Err() == nil {
+					if lastOK {
+						log.Warn("cannot update this box's health check in Consul; registering again", "error", err)
+					}
+					registered, lastOK = false, false
 				}
-				registered, lastOK = false, false
 			} else if !lastOK {
 				log.Info("this box's health check in Consul is updated again")
 				lastOK = true
