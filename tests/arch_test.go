@@ -84,13 +84,14 @@ func TestDependencyEdges(t *testing.T) {
 	}
 	onlyStdAnd("/lb")
 	onlyStdAnd("/lb/maglev", "/lb")
-	onlyStdAnd("/lb/reconciler", "/lb", "/lb/maglev")
+	onlyStdAnd("/lb/reconciler", "/lb", "/lb/maglev", "/internal/reset")
 	onlyStdAnd("/lb/change", "/lb", "/lb/maglev")
-	onlyStdAnd("/lb/selfcheck", "/lb", "/lb/maglev", "/lb/reconciler")
+	onlyStdAnd("/lb/selfcheck", "/lb", "/lb/maglev", "/lb/reconciler", "/internal/reset")
 	onlyStdAnd("/lb/ipfix", "/lb")
 	// internal/cow holds immutable collections and nothing else: any
 	// layer may keep its published state in them.
 	onlyStdAnd("/internal/cow")
+	onlyStdAnd("/internal/reset")
 	onlyStdAnd("/discovery", "/lb", "/internal/cow")
 
 	kernel := []string{"github.com/cilium/ebpf", "github.com/vishvananda/netlink", "github.com/vishvananda/netns"}

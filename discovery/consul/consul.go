@@ -38,6 +38,7 @@ import (
 	"github.com/hashicorp/consul/api"
 
 	"github.com/l4lb/l4lb/discovery"
+	"github.com/l4lb/l4lb/internal/reset"
 	"github.com/l4lb/l4lb/lb"
 	"github.com/l4lb/l4lb/lb/config"
 )
@@ -321,7 +322,7 @@ func (s *Source) build(first bool) (svcs []lb.Service, ready, patched bool) {
 			return patch, true, true
 		}
 	}
-	s.forgetDirtyLocked()
+	s.dirty = reset.Map(s.dirty)
 	s.reshaped = false
 	ready = s.catalog != nil && (s.cfg.KVPrefix == "" || s.kv != nil)
 	var cands []candidate
@@ -387,17 +388,6 @@ func (s *Source) build(first bool) (svcs []lb.Service, ready, patched bool) {
 	return svcs, true, false
 }
 
-// forgetDirtyLocked empties the dirty set. After the first answers it held
-// every service, and a map walked or cleared costs the room it grew to:
-// that one is replaced instead.
-func (s *Source) forgetDirtyLocked() {
-	if len(s.dirty) > 1024 {
-		s.dirty = map[string]bool{}
-		return
-	}
-	clear(s.dirty)
-}
-
 // patchLocked is build for answers that changed services within
 // themselves: the last build with those services replaced, when that is
 // what a full build would make. That holds when the catalog's list and the
@@ -426,7 +416,7 @@ func (s *Source) patchLocked() ([]lb.Service, bool) {
 		}
 		svcs[i] = w.tr.svc
 	}
-	s.forgetDirtyLocked()
+	s.dirty = reset.Map(s.dirty)
 	s.built = svcs
 	return svcs, true
 }

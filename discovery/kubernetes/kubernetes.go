@@ -52,6 +52,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/l4lb/l4lb/discovery"
+	"github.com/l4lb/l4lb/internal/reset"
 	"github.com/l4lb/l4lb/lb"
 	"github.com/l4lb/l4lb/lb/config"
 )
@@ -492,12 +493,7 @@ func (s *Source) build(now time.Time) ([]lb.Service, time.Time, bool) {
 	allocate := s.synced && s.failing == nil
 	full := s.full || s.built == nil || s.builtFrom != v || s.builtAllocate != allocate
 	keys := slices.Collect(maps.Keys(s.dirty))
-	if len(s.dirty) > 1024 {
-		// Walking or clearing a map costs the room it once grew to.
-		s.dirty = map[key]bool{}
-	} else {
-		clear(s.dirty)
-	}
+	s.dirty = reset.Map(s.dirty)
 	s.full = false
 	s.mu.Unlock()
 	if !full {

@@ -57,6 +57,7 @@ import (
 	"slices"
 	"sync"
 
+	"github.com/l4lb/l4lb/internal/reset"
 	"github.com/l4lb/l4lb/lb"
 	"github.com/l4lb/l4lb/lb/maglev"
 )
@@ -274,8 +275,8 @@ func (r *Reconciler) Reconcile(desired []lb.Service) error {
 	defer r.mu.Unlock()
 
 	r.gen++
-	r.names = emptied(r.names)
-	r.fresh = emptied(r.fresh)
+	r.names = reset.Map(r.names)
+	r.fresh = reset.Map(r.fresh)
 	work := r.work[:0]
 	seen := 0
 	prev := r.prev
@@ -383,7 +384,7 @@ func (r *Reconciler) Update(changed []lb.Service) error {
 	defer r.mu.Unlock()
 
 	work := r.work[:0]
-	r.fresh = emptied(r.fresh)
+	r.fresh = reset.Map(r.fresh)
 	for i := range changed {
 		d := &changed[i]
 		if j, dup := r.fresh[d.Frontend]; dup {
@@ -900,16 +901,4 @@ func validate(d *lb.Service) error {
 		}
 	}
 	return nil
-}
-
-// emptied returns m without entries. A map keeps the room it once grew to,
-// and clearing or walking it costs that room, not its entries: after a pass
-// over 100,000 services, every later pass over one service would pay for
-// 100,000. So a map that grew large is replaced rather than cleared.
-func emptied[M ~map[K]V, K comparable, V any](m M) M {
-	if len(m) > 1024 {
-		return make(M)
-	}
-	clear(m)
-	return m
 }

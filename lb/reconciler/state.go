@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"slices"
 
+	"github.com/l4lb/l4lb/internal/reset"
 	"github.com/l4lb/l4lb/lb"
 )
 
@@ -92,7 +93,7 @@ func (r *Reconciler) Changes() (changed []ServiceState, gone []lb.Frontend) {
 			gone = append(gone, fe)
 		}
 	}
-	r.touched = emptied(r.touched)
+	r.touched = reset.Map(r.touched)
 	slices.SortFunc(changed, func(a, b ServiceState) int { return a.Service.Frontend.Compare(b.Service.Frontend) })
 	slices.SortFunc(gone, lb.Frontend.Compare)
 	return changed, gone
