@@ -443,19 +443,21 @@ func (s *Source) heardSlice(obj any) {
 		obj = d.Obj
 	}
 	e, ok := obj.(*discoveryv1.EndpointSlice)
-	name := ""
-	if ok {
-		name = e.Labels[labelServiceName]
-	}
 	s.mu.Lock()
-	switch {
-	case !ok:
+	if !ok {
 		s.full = true
-	case name != "":
-		s.dirty[key{e.Namespace, name}] = true
+	} else if k, ok := sliceKey(e); ok {
+		s.dirty[k] = true
 	}
 	s.mu.Unlock()
 	s.heard()
+}
+
+// sliceKey is the key of the Service an EndpointSlice belongs to, by its
+// service-name label; false for a slice that names none.
+func sliceKey(e *discoveryv1.EndpointSlice) (key, bool) {
+	name := e.Labels[labelServiceName]
+	return key{e.Namespace, name}, name != ""
 }
 
 // indexService is the EndpointSlice index by the key of the Service a
@@ -463,12 +465,10 @@ func (s *Source) heardSlice(obj any) {
 const indexService = "service"
 
 func sliceService(obj any) ([]string, error) {
-	e, ok := obj.(*discoveryv1.EndpointSlice)
-	if !ok {
-		return nil, nil
-	}
-	if name := e.Labels[labelServiceName]; name != "" {
-		return []string{key{e.Namespace, name}.String()}, nil
+	if e, ok := obj.(*discoveryv1.EndpointSlice); ok {
+		if k, ok := sliceKey(e); ok {
+			return []string{k.String()}, nil
+		}
 	}
 	return nil, nil
 }
@@ -568,8 +568,7 @@ func (s *Source) translateAll(v *view, allocate bool, now time.Time) ([]lb.Servi
 	w.slices = map[key][]*discoveryv1.EndpointSlice{}
 	eps, _ := v.endpoints.List(labels.Everything())
 	for _, e := range eps {
-		if name := e.Labels[labelServiceName]; name != "" {
-			k := key{e.Namespace, name}
+		if k, ok := sliceKey(e); ok {
 			w.slices[k] = append(w.slices[k], e)
 		}
 	}
