@@ -49,7 +49,7 @@ func listPackages(t *testing.T, args ...string) []pkg {
 // kernel, only the datapath binding touches BPF and netlink, only the
 // Kubernetes source imports k8s.io, only lb/announce speaks BGP (and takes
 // what it announces from the daemon), and the fleet comparison knows
-// nothing of Consul.
+// nothing of Consul, and the pipeline (lb/plan) never reaches the kernel.
 func TestDependencyEdges(t *testing.T) {
 	std := map[string]bool{}
 	for _, p := range listPackages(t, "std") {
@@ -95,6 +95,15 @@ func TestDependencyEdges(t *testing.T) {
 	onlyStdAnd("/discovery", "/lb", "/internal/cow")
 
 	kernel := []string{"github.com/cilium/ebpf", "github.com/vishvananda/netlink", "github.com/vishvananda/netns"}
+	// The pipeline runs against the fake datapath in tests: nothing it
+	// depends on may reach the kernel.
+	for _, d := range byPath[module+"/lb/plan"].Deps {
+		for _, k := range append(kernel, module+"/lb/datapath") {
+			if d == k || strings.HasPrefix(d, k+"/") {
+				t.Errorf("lb/plan depends on %s: the pipeline must run without a kernel", d)
+			}
+		}
+	}
 	mayTouchKernel := func(path string) bool {
 		rel := strings.TrimPrefix(path, module)
 		return rel == "/bpf" || rel == "/lb/datapath" ||

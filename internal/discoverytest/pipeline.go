@@ -1,11 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 
 // Package discoverytest is test support for the discovery sources' tests:
-// the control plane after a source (merge, defaults, reconcile into a
-// datapath), so that a test can time a change in what the source watches
-// until the datapath holds it, into the fake datapath and, as root, into
-// the real BPF maps; and helpers to read snapshots. No l4lb program
-// imports it.
+// the control plane after a source (the merger and l4lbd's own pipeline,
+// lb/plan, into a datapath), so that a test can time a change in what the
+// source watches until the datapath holds it, into the fake datapath and,
+// as root, into the real BPF maps; and helpers to read snapshots. No l4lb
+// program imports it.
 package discoverytest
 
 import (
@@ -22,17 +22,27 @@ import (
 	"github.com/l4lb/l4lb/lb"
 	"github.com/l4lb/l4lb/lb/datapath"
 	"github.com/l4lb/l4lb/lb/maglev"
+	"github.com/l4lb/l4lb/lb/plan"
 	"github.com/l4lb/l4lb/lb/reconciler"
 	"github.com/l4lb/l4lb/lb/reconciler/reconcilertest"
 )
 
-// Pipeline is merge, defaults and reconcile into one datapath.
+// Pipeline is the merger and l4lbd's pipeline (lb/plan) into one
+// datapath.
 type Pipeline struct {
-	Name     string
-	Merger   *discovery.Merger
-	Rec      *reconciler.Reconciler
-	State    func() (reconciler.State, error)
-	Defaults lb.Defaults
+	Name   string
+	Merger *discovery.Merger
+	Plan   *plan.Plan
+	State  func() (reconciler.State, error)
+}
+
+// newPipeline is a pipeline named name into dp, with the services'
+// defaults defs.
+func newPipeline(name string, rcfg reconciler.Config, dp reconciler.Datapath, defs lb.Defaults, state func() (reconciler.State, error)) *Pipeline {
+	m := discovery.NewMerger()
+	p := plan.New(plan.Config{Seed: rcfg.Seed, Rec: reconciler.New(rcfg, dp, nil), Merger: m})
+	p.SetDefaults(defs)
+	return &Pipeline{Name: name, Merger: m, Plan: p, State: state}
 }
 
 // Pipelines returns a pipeline into the fake datapath and, as root, one
@@ -44,8 +54,7 @@ func Pipelines(t testing.TB, defs lb.Defaults) []*Pipeline {
 	seed := maglev.Seed{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}
 	rcfg := reconciler.Config{Seed: seed, MaxServices: 64, MaxBackends: 256}
 	fake := reconcilertest.NewFake()
-	pipes := []*Pipeline{{Name: "fake datapath", Merger: discovery.NewMerger(), Rec: reconciler.New(rcfg, fake, nil), Defaults: defs,
-		State: func() (reconciler.State, error) { return fake.State(), nil }}}
+	pipes := []*Pipeline{newPipeline("fake datapath", rcfg, fake, defs, func() (reconciler.State, error) { return fake.State(), nil })}
 	if os.Geteuid() != 0 || testing.Short() {
 		t.Log("not root, or -short: timing the fake datapath only")
 		return pipes
@@ -58,29 +67,26 @@ func Pipelines(t testing.TB, defs lb.Defaults) []*Pipeline {
 		t.Fatalf("load the datapath: %v", err)
 	}
 	t.Cleanup(func() { dp.Close() })
-	return append(pipes, &Pipeline{Name: "BPF maps", Merger: discovery.NewMerger(), Rec: reconciler.New(rcfg, dp, nil), State: dp.State, Defaults: defs})
+	return append(pipes, newPipeline("BPF maps", rcfg, dp, defs, dp.State))
 }
 
-// Apply runs snap through the pipeline and checks that the datapath then
+// Apply runs snap through the pipeline as l4lbd's control loop does (the
+// pass its changes need, plan.Plan.Pass) and checks that the datapath then
 // holds backend addr of the frontend fe (as an entry in its table) exactly
-// when want says so. It returns how long merge and reconcile took, until
-// the datapath was written; reading it back to check is not counted.
+// when want says so. It returns how long merge and pass took, until the
+// datapath was written; reading it back to check is not counted.
 func (p *Pipeline) Apply(t testing.TB, snap discovery.Snapshot, fe lb.Frontend, addr netip.AddrPort, want bool) time.Duration {
 	t.Helper()
 	start := time.Now()
 	p.Merger.Update(snap)
-	merged, conflicts := p.Merger.Desired()
-	if len(conflicts) > 0 {
-		t.Fatalf("%s: conflicts %v", p.Name, conflicts)
-	}
-	desired := make([]lb.Service, len(merged))
-	for i, s := range merged {
-		desired[i] = s.WithDefaults(p.Defaults)
-	}
-	if err := p.Rec.Reconcile(desired); err != nil {
-		t.Fatalf("%s: reconcile: %v", p.Name, err)
-	}
+	res := p.Plan.Pass(start)
 	took := time.Since(start)
+	if res.Err != nil {
+		t.Fatalf("%s: reconcile: %v", p.Name, res.Err)
+	}
+	if v := p.Plan.View(); len(v.Conflicts) > 0 || len(v.Rejected) > 0 {
+		t.Fatalf("%s: conflicts %v, rejected %v", p.Name, v.Conflicts, v.Rejected)
+	}
 	st, err := p.State()
 	if err != nil {
 		t.Fatalf("%s: read state: %v", p.Name, err)

@@ -15,6 +15,7 @@ import (
 	"github.com/l4lb/l4lb/lb/api"
 	"github.com/l4lb/l4lb/lb/config"
 	"github.com/l4lb/l4lb/lb/health"
+	"github.com/l4lb/l4lb/lb/plan"
 )
 
 // recheckEvery is how often the announcement is decided again while a
@@ -88,10 +89,10 @@ func (d *Daemon) stopAnnouncers() {
 // restart, but an announcement draws traffic to the box and waits for the
 // evidence. waiting says that some backend has not passed yet, unprobed
 // that some has not even had a probe end.
-func announceInputs(svcs cow.Slice[lb.Service], idx index, states func(health.Key) (health.Status, bool)) (out []announce.Service, waiting, unprobed bool) {
+func announceInputs(svcs cow.Slice[lb.Service], idx plan.Index, states func(health.Key) (health.Status, bool)) (out []announce.Service, waiting, unprobed bool) {
 	out = make([]announce.Service, 0, svcs.Len())
 	for _, svc := range svcs.All() {
-		ps, ok := idx.get(svc.Frontend)
+		ps, ok := idx.Get(svc.Frontend)
 		in := announce.Service{
 			Name:       svc.Name,
 			VIP:        svc.Frontend.Addr,
@@ -124,13 +125,13 @@ func announceInputs(svcs cow.Slice[lb.Service], idx index, states func(health.Ke
 // announce applies the rule to the view's services and hands each
 // announcer its set. It runs on the control loop after every pass, with
 // the states the pass programmed.
-func (d *Daemon) announce(v *view) { d.announceWith(v, v.health.Get) }
+func (d *Daemon) announce(v *view) { d.announceWith(v, v.Health.Get) }
 
 // reannounce decides again on the current view with the checks' current
 // states, while a backend waits for its first passed check.
 func (d *Daemon) reannounce() {
 	v := *d.view.Load()
-	d.announceWith(&v, mapLookup(d.health.States()))
+	d.announceWith(&v, plan.MapLookup(d.health.States()))
 	d.view.Store(&v)
 }
 
@@ -147,7 +148,7 @@ func (d *Daemon) announceWith(v *view, states func(health.Key) (health.Status, b
 	if a == nil || (a.bgp == nil && a.l2 == nil) {
 		return
 	}
-	in, waiting, unprobed := announceInputs(v.services, v.index, states)
+	in, waiting, unprobed := announceInputs(v.Services, v.Index, states)
 	if waiting {
 		a.recheck.Reset(recheckEvery)
 	}

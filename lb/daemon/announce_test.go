@@ -10,6 +10,7 @@ import (
 	"github.com/l4lb/l4lb/internal/cow"
 	"github.com/l4lb/l4lb/lb"
 	"github.com/l4lb/l4lb/lb/health"
+	"github.com/l4lb/l4lb/lb/plan"
 	"github.com/l4lb/l4lb/lb/reconciler"
 )
 
@@ -21,7 +22,7 @@ func TestAnnounceInputs(t *testing.T) {
 	b1, b2 := netip.MustParseAddrPort("10.0.0.1:80"), netip.MustParseAddrPort("10.0.0.2:80")
 	svc := lb.Service{Name: "web", Frontend: fe, Health: lb.HealthCheck{Type: lb.HealthTCP},
 		Backends: []lb.Backend{{Addr: b1, Weight: 1, State: lb.Active}, {Addr: b2, Weight: 1, State: lb.Active}}}
-	programmed := index{byFrontend: cow.MapOf(map[lb.Frontend]*programmedService{fe: {ServiceState: reconciler.ServiceState{HasEntry: true, HasTable: true}}})}
+	programmed := plan.IndexOf(map[lb.Frontend]*plan.Programmed{fe: {ServiceState: reconciler.ServiceState{HasEntry: true, HasTable: true}}})
 	probed := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	st := func(s health.State, passed bool, checked bool) health.Status {
 		out := health.Status{State: s, Passed: passed}
@@ -85,7 +86,7 @@ func TestAnnounceInputs(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			in, waiting, unprobed := announceInputs(cow.SliceOf([]lb.Service{tt.svc}), programmed, mapLookup(tt.states))
+			in, waiting, unprobed := announceInputs(cow.SliceOf([]lb.Service{tt.svc}), programmed, plan.MapLookup(tt.states))
 			if len(in) != 1 || !in[0].Programmed || in[0].Healthy != tt.healthy || in[0].Unchecked != tt.unchecked {
 				t.Errorf("inputs %+v, want programmed with %d healthy, %d unchecked", in, tt.healthy, tt.unchecked)
 			}

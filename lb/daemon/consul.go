@@ -85,8 +85,8 @@ func tokenHash(path string) [32]byte {
 // healthy feeds the TTL check of the box's own Consul registration: the box
 // is healthy while its datapath holds what discovery asks for.
 func (d *Daemon) healthy() error {
-	if v := d.view.Load(); v != nil && v.recErr != "" {
-		return errors.New("reconcile failed: " + v.recErr)
+	if v := d.view.Load(); v != nil && v.RecErr != "" {
+		return errors.New("reconcile failed: " + v.RecErr)
 	}
 	return nil
 }

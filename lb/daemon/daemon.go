@@ -13,7 +13,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/netip"
 	"os"
 	"reflect"
 	"slices"
@@ -26,7 +25,6 @@ import (
 
 	"github.com/l4lb/l4lb/discovery"
 	"github.com/l4lb/l4lb/discovery/file"
-	"github.com/l4lb/l4lb/internal/cow"
 	"github.com/l4lb/l4lb/lb"
 	"github.com/l4lb/l4lb/lb/announce"
 	"github.com/l4lb/l4lb/lb/api"
@@ -35,6 +33,7 @@ import (
 	"github.com/l4lb/l4lb/lb/health"
 	"github.com/l4lb/l4lb/lb/maglev"
 	"github.com/l4lb/l4lb/lb/metrics"
+	"github.com/l4lb/l4lb/lb/plan"
 	"github.com/l4lb/l4lb/lb/reconciler"
 	"github.com/l4lb/l4lb/lb/selfcheck"
 )
@@ -66,10 +65,10 @@ type Daemon struct {
 	// blocks that changed; control loop only.
 	parser *config.Parser
 	dp     *datapath.LB
-	// supported is dp.Supported: whether the datapath can serve a
-	// service (a seam for tests of the passes without a kernel).
-	supported func(lb.Service) error
-	rec       *reconciler.Reconciler
+	rec    *reconciler.Reconciler
+	// plan is the pipeline from the merge to the datapath and the view;
+	// control loop only.
+	plan      *plan.Plan
 	merger    *discovery.Merger
 	file      *file.Source
 	snaps     chan discovery.Snapshot
@@ -80,13 +79,8 @@ type Daemon struct {
 	view atomic.Pointer[view]
 
 	health *health.Manager
-	// Drain timeouts (health.go): when each draining backend started
-	// draining, which ones were cut, and the timer of the next deadline.
-	drainSince map[overrideKey]time.Time
-	drainCut   map[overrideKey]bool
+	// drainTimer fires at the next drain timeout the plan reported.
 	drainTimer *time.Timer
-	// drainNext is when drainTimer was last set to fire.
-	drainNext time.Time
 	// waitingFor are the sources that adopted services may belong to
 	// and that have not answered yet; while any is, the reconciler keeps
 	// unclaimed services.
@@ -128,41 +122,14 @@ type Daemon struct {
 	// pending are the settings of the file in force that wait for a
 	// restart (keepRunning).
 	pending []string
-
-	// index is the last pass's index of what the datapath holds, which
-	// the next pass updates; control loop only (views share it, read-only).
-	index index
-
-	// localAddrs are the box's own addresses, as of the last (re)load,
-	// by address; control loop only. Empty without host checks.
-	localAddrs map[netip.Addr]string
 }
 
 // view is what the API reads: replaced as a whole after every change.
 type view struct {
-	services cow.Slice[lb.Service] // desired, defaults resolved, overrides applied
-	// pos indexes services by name; shared by the views of one service
-	// list, so never written.
-	pos map[string]int
-	// index is what the datapath holds per frontend, as of this view.
-	index index
-	// configStates are the sources' states of overridden backends.
-	configStates   map[overrideKey]lb.BackendState
-	conflicts      []string
-	conflictList   []discovery.Conflict
-	rejected       []string
-	refused        []metrics.Refusal
-	healthWarnings []string
-	// health is the checks' state when services was programmed.
-	health cow.Map[health.Key, health.Status]
-	recErr string
-	cfg    *config.Config
+	*plan.View
+	cfg *config.Config
 	// bgpVIPs and l2VIPs are the announcers' decisions for this view.
 	bgpVIPs, l2VIPs []announce.VIP
-	// vips indexes the VIP addresses of services: a pass over a few
-	// services changes no frontend, so it checks their new backends
-	// against this.
-	vips config.VIPIndex
 }
 
 // New loads and validates the configuration; nothing touches the kernel yet.
@@ -192,8 +159,6 @@ func New(opts Options) (*Daemon, error) {
 		snaps:      make(chan discovery.Snapshot, 16),
 		reload:     make(chan chan error),
 		requests:   make(chan request),
-		drainSince: map[overrideKey]time.Time{},
-		drainCut:   map[overrideKey]bool{},
 		drainTimer: time.NewTimer(time.Hour),
 		metrics:    metrics.NewRecorder(),
 		lastGood:   newLastGoodWriter(opts.Log, cfg.Daemon.AdminSocket),
@@ -202,28 +167,14 @@ func New(opts Options) (*Daemon, error) {
 	d.watching.Store(cfg.Daemon.WatchConfig)
 	d.metrics.ConfigLoaded(time.Now())
 	// Run reads the saved overrides once it holds the lock.
-	d.overrides = &overrides{path: OverridesPath(cfg.Daemon.AdminSocket), m: map[overrideKey]override{}}
+	d.overrides = &overrides{path: OverridesPath(cfg.Daemon.AdminSocket), m: plan.Overrides{}}
 	d.lastReload = api.Reload{Time: time.Now(), OK: true, Count: 0}
-	d.view.Store(&view{cfg: cfg})
-	d.setLocal(opts.Config.Host)
+	d.plan = plan.New(plan.Config{Seed: cfg.Maglev.Seed, Merger: d.merger, ProbeMark: datapath.HealthMarkFor, Log: d.log})
+	d.plan.SetDefaults(cfg.Defaults())
+	d.plan.SetLocal(plan.LocalAddrs(opts.Config.Host))
+	d.plan.SetOverrides(d.overrides.m)
+	d.view.Store(&view{View: d.plan.View(), cfg: cfg})
 	return d, nil
-}
-
-// setLocal records the box's addresses of h (nil: no host checks).
-func (d *Daemon) setLocal(h *config.Host) {
-	d.localAddrs = map[netip.Addr]string{}
-	if h == nil {
-		return
-	}
-	for _, a := range h.Addresses {
-		d.localAddrs[a.Prefix.Addr().Unmap()] = a.Interface
-	}
-}
-
-// onBox says which interface of the box holds a, as of the last (re)load.
-func (d *Daemon) onBox(a netip.Addr) (string, bool) {
-	ifc, ok := d.localAddrs[a]
-	return ifc, ok
 }
 
 // Config returns the configuration in force.
@@ -276,6 +227,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 		d.log.Warn("backend overrides not restored", "error", err)
 	}
 	d.overrides = ov
+	d.plan.SetOverrides(ov.m)
 	if cfg.Maglev.DevSeed {
 		d.log.Warn("running with the public development hash seed (--dev): LB boxes will not agree on backends; set maglev.hash_seed for production")
 	}
@@ -284,7 +236,6 @@ func (d *Daemon) Run(ctx context.Context) error {
 		return err
 	}
 	d.dp = dp
-	d.supported = dp.Supported
 	defer dp.Close()
 
 	st, err := dp.State()
@@ -321,6 +272,8 @@ func (d *Daemon) Run(ctx context.Context) error {
 	d.rec = rec
 	d.health = health.New(health.Options{Log: d.log})
 	defer d.health.Stop()
+	d.plan.SetDatapath(rec, dp.Supported)
+	d.plan.SetHealth(d.health)
 
 	// Everything started below ends with ctx, on any return: the
 	// goroutines in wg are waited for once it is cancelled.
@@ -399,7 +352,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	d.startSelfCheck(ctx, &wg, cfg, len(st.Services) > 0)
 	d.logWarnings(cfg)
 	notify(sddaemon.SdNotifyReady + "\n" + d.statusLine())
-	d.log.Info("l4lbd ready", "interfaces", cfg.Datapath.Interfaces, "services", d.view.Load().services.Len(), "watch_config", cfg.Daemon.WatchConfig)
+	d.log.Info("l4lbd ready", "interfaces", cfg.Datapath.Interfaces, "services", d.view.Load().Services.Len(), "watch_config", cfg.Daemon.WatchConfig)
 	err = d.loop(ctx)
 	notify(sddaemon.SdNotifyStopping)
 	return err
@@ -468,14 +421,20 @@ func (d *Daemon) loop(ctx context.Context) error {
 			waiting := len(d.waitingFor) > 0
 			d.update(snap)
 			d.sourceAnswered(snap.Source)
+			if waiting {
+				// The source may have been the last one adopted
+				// services waited for: a full pass decides.
+				break
+			}
 			// A source that changed services it had, within
 			// themselves, costs a pass over those services.
-			if names, all := d.merger.Changes(); !all && !waiting {
-				if len(names) == 0 || (len(names) <= maxFewServices && d.applyServices(names, nil)) {
-					backoff = time.Second
-					continue
-				}
+			if err := d.run(d.plan.Pass(time.Now())); err != nil {
+				retry.Reset(backoff)
+				backoff = min(backoff*2, 30*time.Second)
+			} else {
+				backoff = time.Second
 			}
+			continue
 		case ev := <-d.health.Events():
 			// Coalesce a burst of health changes into one pass, over
 			// the services they touch when they are few.
@@ -516,7 +475,16 @@ func (d *Daemon) loop(ctx context.Context) error {
 			// Answer only once the new state is programmed, so that
 			// whoever asked for the reload sees its effect.
 			err := d.doReload()
-			aerr := d.apply()
+			// A file that changed services within themselves, and
+			// nothing every service depends on, costs a pass over
+			// those services.
+			res := d.plan.Pass(time.Now())
+			if res.View == nil {
+				// No service changed: the view still carries the
+				// new configuration to the API and the announcers.
+				res.View = d.plan.View()
+			}
+			aerr := d.run(res)
 			d.publishReload(err)
 			if err == nil {
 				notify(sddaemon.SdNotifyReady + "\n" + d.statusLine())
@@ -577,7 +545,7 @@ func (d *Daemon) doReload() error {
 		return err
 	}
 	d.logWarnings(cfg)
-	d.setLocal(opts.Host)
+	d.plan.SetLocal(plan.LocalAddrs(opts.Host))
 	// Settings that need a restart keep their running values.
 	pending := keepRunning(d.cfg, cfg)
 	if len(pending) > 0 {
@@ -608,6 +576,7 @@ func (d *Daemon) doReload() error {
 		d.log.Warn("setting changed; it takes effect after a restart of l4lbd", "setting", w)
 	}
 	d.cfg = cfg
+	d.plan.SetDefaults(cfg.Defaults())
 	if was := d.watching.Swap(cfg.Daemon.WatchConfig); was != cfg.Daemon.WatchConfig {
 		d.log.Info("daemon.watch_config changed", "watch_config", cfg.Daemon.WatchConfig, "file", d.opts.ConfigPath)
 	}
@@ -733,193 +702,71 @@ func keepRunning(running, cur *config.Config) []string {
 	return out
 }
 
-// apply merges, resolves defaults, drops what the datapath cannot serve
-// and reconciles; it publishes a new view for the API.
-func (d *Daemon) apply() error {
-	// A full pass covers whatever the sources changed.
-	d.merger.Changes()
-	merged, conflicts := d.merger.Desired()
-	r := d.resolve(merged, d.cfg.Defaults())
-	desired, rejected, refused, seen, configStates := r.desired, r.rejected, r.refused, r.seen, r.configStates
-	if d.overrides.prune(seen) {
+// apply runs a full pass (plan.Plan.Full) and publishes its view.
+func (d *Daemon) apply() error { return d.run(d.plan.Full(time.Now())) }
+
+// run publishes what a pass did (nothing when no pass ran) and returns its
+// error, for the control loop to retry.
+func (d *Daemon) run(res plan.Result) error {
+	if res.View == nil {
+		return nil
+	}
+	if res.Full {
+		d.metrics.ObserveReconcile(res.Took, res.Err)
+	}
+	d.publish(res)
+	return res.Err
+}
+
+// applyServices runs a pass over the services named (plan.Plan.Services),
+// and publishes its view; false, having changed nothing, when a full pass
+// must run instead.
+func (d *Daemon) applyServices(names []string, flipped []health.Key) bool {
+	res, ok := d.plan.Services(names, flipped, time.Now())
+	if ok {
+		d.publish(res)
+	}
+	return ok
+}
+
+// applyFlips is applyServices for the backends whose checks flipped.
+func (d *Daemon) applyFlips(flipped []health.Key) bool {
+	res, ok := d.plan.Flips(flipped, time.Now())
+	if ok {
+		d.publish(res)
+	}
+	return ok
+}
+
+// publish does a pass's I/O: it saves pruned overrides, sets the drain
+// timer, tells the Kubernetes source and the metrics what changed, and
+// hands the new view to the announcers, the fleet record and the API.
+func (d *Daemon) publish(res plan.Result) {
+	if res.OverridesPruned {
 		if err := d.overrides.save(); err != nil {
 			d.log.Error("backend overrides", "error", err)
 		}
 	}
-	for _, c := range conflicts {
-		d.log.Warn("service conflict", "conflict", c.String())
+	if !res.NextDrain.IsZero() {
+		d.drainTimer.Reset(time.Until(res.NextDrain))
 	}
-	for _, r := range rejected {
-		d.log.Error("service refused", "reason", r)
+	if res.ProgrammedMoved {
+		d.reportProgrammed(res.View.Index)
 	}
-	if next := d.applyDrainTimeouts(desired, time.Now()); !next.IsZero() {
-		d.drainTimer.Reset(time.Until(next))
-		d.drainNext = next
+	for _, r := range res.NewRefusals {
+		d.metrics.ServiceRefused(r.Reason)
 	}
-	// One snapshot of the checks serves both the reconcile and the view,
-	// so status never shows a state this pass did not program.
-	healthStates := d.health.States()
-	programmed, warnings := d.applyHealth(desired, mapLookup(healthStates))
-	for _, w := range warnings {
-		d.log.Warn(w)
-	}
-	start := time.Now()
-	err := d.rec.Reconcile(programmed)
-	d.metrics.ObserveReconcile(time.Since(start), err)
-	if err != nil {
-		d.log.Error("reconcile failed; retrying", "error", err)
-	}
-	// Only what this pass changed is copied and indexed again.
-	changed, gone := d.rec.Changes()
-	index := updateIndex(d.index, d.cfg.Maglev.Seed, changed, gone, programmed)
-	d.index = index
-	d.reportProgrammed(index)
-	// Probe every backend that has an entry, healthy or not: a backend
-	// that failed must be able to come back.
-	d.health.Update(desired, healthTargets(index))
-	// The view shows the states this pass programmed; backends the update
-	// just started probing show their initial state, which is what they
-	// were programmed with (a backend not probed yet counts as up).
-	for k, st := range d.health.States() {
-		if _, ok := healthStates[k]; !ok {
-			healthStates[k] = st
-		}
-	}
-	shownHealth := cow.MapOf(healthStates)
-	refused = append(refused, mapFull(err, desired)...)
-	d.countNewRefusals(refused)
-	v := &view{services: cow.SliceOf(desired), index: index, configStates: configStates, rejected: rejected, refused: refused,
-		conflictList: conflicts, cfg: d.cfg, healthWarnings: warnings, health: shownHealth, vips: r.vips}
-	for _, c := range conflicts {
-		v.conflicts = append(v.conflicts, c.String())
-	}
-	v.pos = make(map[string]int, len(desired))
-	for i, svc := range desired {
-		v.pos[svc.Name] = i
-	}
-	if err != nil {
-		v.recErr = err.Error()
-	}
+	v := &view{View: res.View, cfg: d.cfg}
 	d.announce(v)
 	d.publishFleet(v)
 	d.view.Store(v)
-	return err
-}
-
-// resolved are merged services as the datapath gets them.
-type resolved struct {
-	desired  []lb.Service
-	rejected []string
-	refused  []metrics.Refusal
-	// seen are the overrides that still apply; configStates the
-	// sources' states of the overridden backends.
-	seen         map[overrideKey]bool
-	configStates map[overrideKey]lb.BackendState
-	// vips indexes the VIP addresses of desired.
-	vips config.VIPIndex
-}
-
-// resolve gives merged services their defaults and runtime overrides, and
-// leaves out those the datapath cannot serve. It changes nothing: apply
-// programs its result, preview only compares it.
-func (d *Daemon) resolve(merged []lb.Service, defs lb.Defaults) resolved {
-	r := resolved{seen: map[overrideKey]bool{}, configStates: map[overrideKey]lb.BackendState{}}
-	for _, svc := range merged {
-		svc = normalize(svc.WithDefaults(defs))
-		for _, b := range svc.Backends {
-			k := overrideKey{Service: svc.Name, Backend: b.Addr}
-			if _, ok := d.overrides.m[k]; ok {
-				r.configStates[k] = b.State
-			}
-		}
-		svc = d.overrides.apply(svc, r.seen)
-		// Validation refuses it in the file; other sources get the
-		// same rule here.
-		if ifc, ok := d.localAddrs[svc.Frontend.Addr]; ok {
-			r.rejected = append(r.rejected, fmt.Sprintf("service %q (%s): vip %s is an address of this box (%s): l4lb would take over %s for every client; use an address the box does not hold",
-				svc.Name, svc.Source, svc.Frontend.Addr, ifc, svc.Frontend))
-			r.refused = append(r.refused, metrics.Refusal{Service: svc.Name, Source: svc.Source, Reason: metrics.RefusedLocalVIP})
-			continue
-		}
-		if ps := config.ServiceProblems(svc, d.onBox); len(ps) > 0 {
-			r.cannotWork(svc, ps[0].Describe(svc))
-			continue
-		}
-		// The datapath's own check also knows its SNAT addresses.
-		if err := d.supported(svc); err != nil {
-			r.rejected = append(r.rejected, fmt.Sprintf("service %q (%s): %v", svc.Name, svc.Source, err))
-			r.refused = append(r.refused, metrics.Refusal{Service: svc.Name, Source: svc.Source, Reason: metrics.RefusedUnsupported})
-			continue
-		}
-		r.desired = append(r.desired, svc)
-	}
-	r.across()
-	return r
-}
-
-// cannotWork refuses svc for a rule that means it can never work.
-func (r *resolved) cannotWork(svc lb.Service, why string) {
-	r.rejected = append(r.rejected, fmt.Sprintf("service %q (%s): %s", svc.Name, svc.Source, why))
-	r.refused = append(r.refused, metrics.Refusal{Service: svc.Name, Source: svc.Source, Reason: metrics.RefusedCannotWork})
-}
-
-// across refuses the services that break a rule across services (a backend
-// at another service's VIP, config.AcrossServices) and indexes the VIPs of
-// those that stay. Of a pair, the file's service keeps serving (the file
-// refuses such a pair outright, so the other one comes from another
-// source); of two from other sources, the one later by frontend is
-// refused. The common case, no such pair, costs one index of the VIPs and
-// one look-up per backend.
-func (r *resolved) across() {
-	r.vips = config.IndexVIPs(r.desired)
-	name := func(svcs []lb.Service) func(int) string {
-		return func(i int) string { return fmt.Sprintf("service %q (%s)", svcs[i].Name, svcs[i].Source) }
-	}
-	if len(config.AcrossServices(r.desired, r.vips, name(r.desired))) == 0 {
-		return
-	}
-	ordered := slices.Clone(r.desired)
-	slices.SortStableFunc(ordered, func(a, b lb.Service) int {
-		return cmpBool(!strings.HasPrefix(a.Source, "file:"), !strings.HasPrefix(b.Source, "file:"))
-	})
-	out := map[string]bool{}
-	for _, p := range config.AcrossServices(ordered, config.IndexVIPs(ordered), name(ordered)) {
-		if svc := ordered[p.Service]; !out[svc.Name] {
-			out[svc.Name] = true
-			r.cannotWork(svc, p.Describe(svc))
-		}
-	}
-	r.desired = slices.DeleteFunc(r.desired, func(s lb.Service) bool { return out[s.Name] })
-	r.vips = config.IndexVIPs(r.desired)
-}
-
-// cmpBool orders false before true.
-func cmpBool(a, b bool) int {
-	switch {
-	case a == b:
-		return 0
-	case !a:
-		return -1
-	}
-	return 1
-}
-
-// normalize resolves what the datapath stores per frontend: a frontend has
-// one protocol, so hybrid becomes DSR (TCP) or SNAT (UDP), and SNAT has no
-// dispatch. The reconciler then compares like with like after a restart.
-func normalize(s lb.Service) lb.Service {
-	s.Mode = s.ModeFor(s.Frontend.Proto)
-	if s.Mode == lb.ModeSNAT {
-		s.Dispatch = lb.DispatchDefault
-	}
-	return s
 }
 
 // statusLine is the STATUS= text systemctl status shows.
 func (d *Daemon) statusLine() string {
 	v := d.view.Load()
-	line := fmt.Sprintf("STATUS=serving %d services on %s", v.services.Len(), strings.Join(v.cfg.Datapath.Interfaces, ", "))
-	if n := len(v.rejected); n > 0 {
+	line := fmt.Sprintf("STATUS=serving %d services on %s", v.Services.Len(), strings.Join(v.cfg.Datapath.Interfaces, ", "))
+	if n := len(v.Rejected); n > 0 {
 		line += fmt.Sprintf("; %d refused", n)
 	}
 	d.mu.Lock()

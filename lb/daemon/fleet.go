@@ -62,9 +62,9 @@ func (d *Daemon) publishFleet(v *view) {
 	defer r.pub.Unlock()
 	unverified := d.unverified()
 	b := fleet.Box{Name: r.f.Name(), Version: Version, SeedFingerprint: seedFingerprint(v.cfg.Maglev.Seed), Services: []fleet.Service{}}
-	for _, svc := range v.services.All() {
-		if ps := v.programmedOf(svc.Frontend); ps.fingerprint != "" {
-			fp := ps.fingerprint
+	for _, svc := range v.Services.All() {
+		if ps := v.programmedOf(svc.Frontend); ps.Fingerprint != "" {
+			fp := ps.Fingerprint
 			if found, ok := unverified[svc.Frontend]; ok {
 				fp = driftFingerprint(fp, found)
 			}

@@ -23,10 +23,10 @@ type flowService struct {
 
 // viewFlowServices are v's programmed services.
 func viewFlowServices(v *view) []flowService {
-	out := make([]flowService, 0, v.services.Len())
-	for _, svc := range v.services.All() {
+	out := make([]flowService, 0, v.Services.Len())
+	for _, svc := range v.Services.All() {
 		if ps := v.programmedOf(svc.Frontend); ps.ID != 0 {
-			out = append(out, flowService{name: svc.Name, id: ps.ID, ids: ps.ids})
+			out = append(out, flowService{name: svc.Name, id: ps.ID, ids: ps.IDs})
 		}
 	}
 	return out

@@ -71,7 +71,7 @@ func (d *Daemon) ipfixScan(r *ipfixRun, now time.Time) {
 	v := d.view.Load()
 	names := namesOf(viewFlowServices(v))
 	modes := map[reconciler.ServiceID]string{}
-	for _, svc := range v.services.All() {
+	for _, svc := range v.Services.All() {
 		if id := v.programmedOf(svc.Frontend).ID; id != 0 {
 			modes[id] = modeName(svc)
 		}

@@ -4,12 +4,11 @@ package daemon
 
 import (
 	"reflect"
-	"slices"
 
 	"github.com/l4lb/l4lb/discovery/kubernetes"
 	"github.com/l4lb/l4lb/lb"
 	"github.com/l4lb/l4lb/lb/config"
-	"github.com/l4lb/l4lb/lb/reconciler"
+	"github.com/l4lb/l4lb/lb/plan"
 )
 
 // kubeRun is one running Kubernetes source and what it was started with.
@@ -67,42 +66,13 @@ func (d *Daemon) newKubernetes(cfg *config.Config) (*kubeRun, error) {
 	}, nil
 }
 
-// programmedMoved reports whether changed and gone (reconciler.Changes)
-// change which frontends of prev have both their entry and their table:
-// the set reportProgrammed hands on, which a pass over a few services
-// then need not walk every service to build again.
-func programmedMoved(prev index, changed []reconciler.ServiceState, gone []lb.Frontend) bool {
-	was := func(fe lb.Frontend) bool {
-		ps, ok := prev.get(fe)
-		return ok && ps.HasEntry && ps.HasTable
-	}
-	for _, s := range changed {
-		if was(s.Service.Frontend) != (s.HasEntry && s.HasTable) {
-			return true
-		}
-	}
-	for _, fe := range gone {
-		if was(fe) {
-			return true
-		}
-	}
-	return false
-}
-
 // reportProgrammed tells the Kubernetes source which frontends the
 // datapath holds after a pass: it writes Service status from that, and
 // releases deleted Services once their VIPs are gone.
-func (d *Daemon) reportProgrammed(idx index) {
+func (d *Daemon) reportProgrammed(idx plan.Index) {
 	r := d.kubeRun.Load()
 	if r == nil {
 		return
 	}
-	var fes []lb.Frontend
-	for fe, ps := range idx.byFrontend.All() {
-		if ps.HasEntry && ps.HasTable {
-			fes = append(fes, fe)
-		}
-	}
-	slices.SortFunc(fes, lb.Frontend.Compare)
-	r.src.SetProgrammed(fes)
+	r.src.SetProgrammed(idx.Frontends())
 }

@@ -3,7 +3,6 @@
 package daemon
 
 import (
-	"errors"
 	"time"
 
 	"github.com/l4lb/l4lb/lb"
@@ -11,7 +10,7 @@ import (
 	"github.com/l4lb/l4lb/lb/datapath"
 	"github.com/l4lb/l4lb/lb/health"
 	"github.com/l4lb/l4lb/lb/metrics"
-	"github.com/l4lb/l4lb/lb/reconciler"
+	"github.com/l4lb/l4lb/lb/plan"
 )
 
 var _ metrics.Source = (*Daemon)(nil)
@@ -29,11 +28,11 @@ func (d *Daemon) Snapshot() metrics.Snapshot {
 	if err != nil {
 		snap.Errors = append(snap.Errors, err)
 	}
-	for _, svc := range v.services.All() {
+	for _, svc := range v.Services.All() {
 		ps := v.programmedOf(svc.Frontend)
 		ms := metrics.Service{
 			Name: svc.Name, Frontend: svc.Frontend, Mode: svc.Mode, Dispatch: svc.Dispatch,
-			Source: svc.Source, Fingerprint: ps.fingerprint,
+			Source: svc.Source, Fingerprint: ps.Fingerprint,
 		}
 		if d.dp != nil && ps.ID != 0 {
 			if c, err := d.dp.ServiceCounters(ps.ID); err == nil {
@@ -45,8 +44,8 @@ func (d *Daemon) Snapshot() metrics.Snapshot {
 		}
 		for _, b := range svc.Backends {
 			mb := metrics.Backend{Addr: b.Addr, Weight: b.Weight, State: b.State, Health: healthOf(v, svc, b)}
-			_, mb.Override = v.configStates[overrideKey{Service: svc.Name, Backend: b.Addr}]
-			if id, ok := ps.ids[b.Addr]; ok && d.dp != nil {
+			_, mb.Override = v.ConfigStates[plan.Key{Service: svc.Name, Backend: b.Addr}]
+			if id, ok := ps.IDs[b.Addr]; ok && d.dp != nil {
 				if c, err := d.dp.BackendCounters(id); err == nil {
 					mc := metrics.Counters(c)
 					mb.Counters = &mc
@@ -90,10 +89,10 @@ func (d *Daemon) Snapshot() metrics.Snapshot {
 	for _, s := range d.discoveryStatus() {
 		snap.Discovery = append(snap.Discovery, metrics.Discovery{Name: s.Name, LastSync: s.LastSync})
 	}
-	for _, c := range v.conflictList {
+	for _, c := range v.ConflictList {
 		snap.Conflicts = append(snap.Conflicts, metrics.Conflict{Service: c.Service, Source: c.Source, Reason: c.Reason})
 	}
-	snap.Refused = append(snap.Refused, v.refused...)
+	snap.Refused = append(snap.Refused, v.Refused...)
 	d.mu.Lock()
 	snap.PendingRestart = append(snap.PendingRestart, d.pending...)
 	d.mu.Unlock()
@@ -129,7 +128,7 @@ func healthOf(v *view, svc lb.Service, b lb.Backend) metrics.Health {
 	if svc.Health.Type == lb.HealthNone {
 		return metrics.HealthUnchecked
 	}
-	st, ok := v.health.Get(health.Key{Service: svc.Name, Backend: b.Addr})
+	st, ok := v.Health.Get(health.Key{Service: svc.Name, Backend: b.Addr})
 	switch {
 	case !ok:
 		return metrics.HealthUnknown
@@ -145,48 +144,9 @@ func healthOf(v *view, svc lb.Service, b lb.Backend) metrics.Health {
 // entry per programmed object) and from the walks done for conntrack/SNAT.
 func (d *Daemon) mapOccupancy(v *view) []metrics.Map {
 	return []metrics.Map{
-		{Name: "services", Entries: uint64(v.index.services), Capacity: uint64(v.cfg.Datapath.MaxServices)},
-		{Name: "backends", Entries: uint64(v.index.backends), Capacity: uint64(v.cfg.Datapath.MaxBackends)},
-		{Name: "maglev", Entries: uint64(v.index.tables), Capacity: uint64(v.cfg.Datapath.MaxServices)},
-	}
-}
-
-// mapFull lists the services a reconcile refused because a map is full.
-func mapFull(err error, desired []lb.Service) []metrics.Refusal {
-	if err == nil {
-		return nil
-	}
-	sources := map[string]string{}
-	for _, s := range desired {
-		sources[s.Name] = s.Source
-	}
-	errs := []error{err}
-	if j, ok := err.(interface{ Unwrap() []error }); ok {
-		errs = j.Unwrap()
-	}
-	var out []metrics.Refusal
-	for _, e := range errs {
-		var full *reconciler.MapFullError
-		if errors.As(e, &full) {
-			out = append(out, metrics.Refusal{Service: full.Service, Source: sources[full.Service], Reason: metrics.RefusedMapFull})
-		}
-	}
-	return out
-}
-
-// countNewRefusals feeds the refusal counter with services refused now that
-// were not refused in the previous view.
-func (d *Daemon) countNewRefusals(now []metrics.Refusal) {
-	before := map[metrics.Refusal]bool{}
-	if v := d.view.Load(); v != nil {
-		for _, r := range v.refused {
-			before[r] = true
-		}
-	}
-	for _, r := range now {
-		if !before[r] {
-			d.metrics.ServiceRefused(r.Reason)
-		}
+		{Name: "services", Entries: uint64(v.Index.Services), Capacity: uint64(v.cfg.Datapath.MaxServices)},
+		{Name: "backends", Entries: uint64(v.Index.Backends), Capacity: uint64(v.cfg.Datapath.MaxBackends)},
+		{Name: "maglev", Entries: uint64(v.Index.Tables), Capacity: uint64(v.cfg.Datapath.MaxServices)},
 	}
 }
 

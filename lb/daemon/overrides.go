@@ -15,22 +15,8 @@ import (
 
 	"github.com/l4lb/l4lb/lb"
 	"github.com/l4lb/l4lb/lb/api"
+	"github.com/l4lb/l4lb/lb/plan"
 )
-
-// overrideKey names one backend of one service.
-type overrideKey struct {
-	Service string         `json:"service"`
-	Backend netip.AddrPort `json:"backend"`
-}
-
-// override is a runtime state set through the API (`l4lbctl backend
-// drain|enable|disable`). It wins over the source's state until cleared or
-// until the backend leaves the service.
-type override struct {
-	overrideKey
-	State lb.BackendState `json:"state"`
-	Since time.Time       `json:"since"`
-}
 
 // overrides are kept in a file next to the admin socket, named after it
 // (/run/l4lb/l4lb.overrides.json by default; /run is kept across restarts
@@ -38,7 +24,7 @@ type override struct {
 // them, a reboot clears them, as befits a runtime override.
 type overrides struct {
 	path string
-	m    map[overrideKey]override
+	m    plan.Overrides
 }
 
 // OverridesPath is the file holding the runtime backend overrides of the
@@ -49,7 +35,7 @@ func OverridesPath(socket string) string { return runtimePath(socket, ".override
 // before the lock kept them as overrides.json next to the socket: such a
 // file is taken over.
 func loadOverrides(socket string) (*overrides, error) {
-	o := &overrides{path: OverridesPath(socket), m: map[overrideKey]override{}}
+	o := &overrides{path: OverridesPath(socket), m: plan.Overrides{}}
 	if _, err := os.Stat(o.path); errors.Is(err, os.ErrNotExist) {
 		_ = os.Rename(filepath.Join(filepath.Dir(socket), "overrides.json"), o.path)
 	}
@@ -60,22 +46,22 @@ func loadOverrides(socket string) (*overrides, error) {
 	if err != nil {
 		return o, fmt.Errorf("read backend overrides %s: %w", o.path, err)
 	}
-	var list []override
+	var list []plan.Override
 	if err := json.Unmarshal(b, &list); err != nil {
 		return o, fmt.Errorf("backend overrides %s are corrupt (%v); starting without them", o.path, err)
 	}
 	for _, ov := range list {
-		o.m[ov.overrideKey] = ov
+		o.m[ov.Key] = ov
 	}
 	return o, nil
 }
 
 func (o *overrides) save() error {
-	list := make([]override, 0, len(o.m))
+	list := make([]plan.Override, 0, len(o.m))
 	for _, ov := range o.m {
 		list = append(list, ov)
 	}
-	slices.SortFunc(list, func(a, b override) int {
+	slices.SortFunc(list, func(a, b plan.Override) int {
 		if a.Service != b.Service {
 			if a.Service < b.Service {
 				return -1
@@ -98,31 +84,6 @@ func (o *overrides) save() error {
 	return nil
 }
 
-// apply returns svc with its overrides in force, and drops overrides of
-// backends the service no longer has (reported by the returned bool).
-func (o *overrides) apply(svc lb.Service, seen map[overrideKey]bool) lb.Service {
-	for i, b := range svc.Backends {
-		k := overrideKey{Service: svc.Name, Backend: b.Addr}
-		if ov, ok := o.m[k]; ok {
-			seen[k] = true
-			svc.Backends[i].State = ov.State
-		}
-	}
-	return svc
-}
-
-// prune forgets overrides of backends that left their service.
-func (o *overrides) prune(seen map[overrideKey]bool) bool {
-	changed := false
-	for k := range o.m {
-		if !seen[k] {
-			delete(o.m, k)
-			changed = true
-		}
-	}
-	return changed
-}
-
 // Backend implements api.Provider: it runs on the control loop, so the
 // override is programmed when the call returns.
 func (d *Daemon) Backend(ctx context.Context, service string, backend netip.AddrPort, action api.BackendAction) error {
@@ -134,16 +95,16 @@ func (d *Daemon) Backend(ctx context.Context, service string, backend netip.Addr
 		if !slices.ContainsFunc(svc.Backends, func(b lb.Backend) bool { return b.Addr == backend }) {
 			return fmt.Errorf("service %q has no backend %s: %w", service, backend, api.ErrNotFound)
 		}
-		k := overrideKey{Service: service, Backend: backend}
+		k := plan.Key{Service: service, Backend: backend}
 		switch action {
 		case api.ActionClear:
 			delete(d.overrides.m, k)
 		case api.ActionDrain:
-			d.overrides.m[k] = override{overrideKey: k, State: lb.Draining, Since: time.Now()}
+			d.overrides.m[k] = plan.Override{Key: k, State: lb.Draining, Since: time.Now()}
 		case api.ActionDisable:
-			d.overrides.m[k] = override{overrideKey: k, State: lb.Disabled, Since: time.Now()}
+			d.overrides.m[k] = plan.Override{Key: k, State: lb.Disabled, Since: time.Now()}
 		case api.ActionEnable:
-			d.overrides.m[k] = override{overrideKey: k, State: lb.Active, Since: time.Now()}
+			d.overrides.m[k] = plan.Override{Key: k, State: lb.Active, Since: time.Now()}
 		}
 		d.log.Info("backend override", "service", service, "backend", backend, "action", action)
 		return d.overrides.save()

@@ -13,6 +13,7 @@ import (
 	"github.com/l4lb/l4lb/lb/change"
 	"github.com/l4lb/l4lb/lb/config"
 	"github.com/l4lb/l4lb/lb/maglev"
+	"github.com/l4lb/l4lb/lb/plan"
 	"github.com/l4lb/l4lb/lb/reconciler"
 )
 
@@ -26,17 +27,17 @@ func (d *Daemon) preview(cfg *config.Config) []change.Service {
 	m := d.merger.Clone()
 	m.Update(discovery.Snapshot{Source: d.file.Name(), Services: cfg.Services})
 	merged, _ := m.Desired()
-	r := d.resolve(merged, cfg.Defaults())
+	r := d.plan.Resolve(merged, cfg.Defaults())
 	v := d.view.Load()
-	programmed, _ := d.applyHealth(r.desired, v.health.Get)
+	programmed := d.plan.Programmed(r.Desired)
 	seed := d.cfg.Maglev.Seed
 
 	old := map[string]change.Side{}
-	for _, svc := range v.services.All() {
+	for _, svc := range v.Services.All() {
 		old[svc.Name] = change.Side{Service: svc, Table: liveOwners(seed, v.programmedOf(svc.Frontend).ServiceState)}
 	}
 	cur := map[string]change.Side{}
-	for i, svc := range r.desired {
+	for i, svc := range r.Desired {
 		t, err := change.Build(seed, programmed[i])
 		if err != nil {
 			// The reconciler refuses it too; it would serve nothing.
@@ -135,7 +136,7 @@ func OfflineChanges(old, cur *config.Config) ([]change.Service, error) {
 	side := func(cfg *config.Config) (map[string]change.Side, error) {
 		out := map[string]change.Side{}
 		for _, svc := range cfg.Services {
-			svc = normalize(svc.WithDefaults(cfg.Defaults()))
+			svc = plan.Normalize(svc.WithDefaults(cfg.Defaults()))
 			t, err := change.Build(cfg.Maglev.Seed, svc)
 			if err != nil {
 				return nil, err

@@ -16,6 +16,7 @@ import (
 	"github.com/l4lb/l4lb/lb/health"
 	"github.com/l4lb/l4lb/lb/maglev"
 	"github.com/l4lb/l4lb/lb/metrics"
+	"github.com/l4lb/l4lb/lb/plan"
 	"github.com/l4lb/l4lb/lb/reconciler"
 )
 
@@ -37,11 +38,11 @@ func (d *Daemon) Status() api.Status {
 		SeedFingerprint: seedFingerprint(v.cfg.Maglev.Seed),
 		LastReload:      rl,
 		PendingRestart:  pending,
-		Services:        v.services.Len(),
-		Conflicts:       v.conflicts,
-		Rejected:        v.rejected,
-		HealthWarnings:  v.healthWarnings,
-		ReconcileError:  v.recErr,
+		Services:        v.Services.Len(),
+		Conflicts:       v.Conflicts,
+		Rejected:        v.Rejected,
+		HealthWarnings:  v.HealthWarnings,
+		ReconcileError:  v.RecErr,
 		Discovery:       d.discoveryStatus(),
 		BGP:             d.bgpStatus(v),
 		L2:              d.l2Status(v),
@@ -53,7 +54,7 @@ func (d *Daemon) Status() api.Status {
 			st.FleetWarnings = append(st.FleetWarnings, "fleet check failing: "+fst.Error)
 		}
 	}
-	st.Backends = v.index.backends
+	st.Backends = v.Index.Backends
 	for _, ifc := range v.cfg.Datapath.Interfaces {
 		ai := api.Interface{Name: ifc, Attach: v.cfg.Datapath.Attach.String(), Mode: v.cfg.Datapath.XDPMode.String(), Attached: "not attached"}
 		if d.dp != nil {
@@ -97,8 +98,8 @@ func (d *Daemon) Services() []api.Service {
 	// A failed count leaves the connection columns at 0; status and
 	// metrics report the table's errors.
 	conns, _ := d.flowCounts()
-	out := make([]api.Service, 0, v.services.Len())
-	for _, svc := range v.services.All() {
+	out := make([]api.Service, 0, v.Services.Len())
+	for _, svc := range v.Services.All() {
 		out = append(out, d.apiService(v, svc, conns))
 	}
 	return out
@@ -109,9 +110,9 @@ func (d *Daemon) Services() []api.Service {
 // it to see a change in force).
 func (d *Daemon) Service(name string) (api.Service, error) {
 	v := d.view.Load()
-	if i, ok := v.pos[name]; ok {
+	if i, ok := v.Pos[name]; ok {
 		conns, _ := d.flowCounts()
-		return d.apiService(v, v.services.At(i), conns), nil
+		return d.apiService(v, v.Services.At(i), conns), nil
 	}
 	return api.Service{}, fmt.Errorf("no service %q: %w", name, api.ErrNotFound)
 }
@@ -119,7 +120,7 @@ func (d *Daemon) Service(name string) (api.Service, error) {
 // apiService is svc of view v as the API shows it, with its counters and,
 // from conns, its backends' connections.
 func (d *Daemon) apiService(v *view, svc lb.Service, conns map[datapath.FlowOwner]datapath.FlowCount) api.Service {
-	states := v.health
+	states := v.Health
 	ps := v.programmedOf(svc.Frontend)
 	as := api.Service{
 		Name:        svc.Name,
@@ -128,7 +129,7 @@ func (d *Daemon) apiService(v *view, svc lb.Service, conns map[datapath.FlowOwne
 		Dispatch:    svc.Dispatch.String(),
 		TableSize:   svc.TableSize,
 		Source:      svc.Source,
-		Fingerprint: ps.fingerprint,
+		Fingerprint: ps.Fingerprint,
 	}
 	if d.dp != nil && ps.ID != 0 {
 		if c, err := d.dp.ServiceCounters(ps.ID); err == nil {
@@ -137,7 +138,7 @@ func (d *Daemon) apiService(v *view, svc lb.Service, conns map[datapath.FlowOwne
 	}
 	for _, b := range svc.Backends {
 		ab := api.Backend{Address: b.Addr.String(), Weight: b.Weight, State: b.State.String(), ConfigState: b.State.String()}
-		if cs, ok := v.configStates[overrideKey{Service: svc.Name, Backend: b.Addr}]; ok {
+		if cs, ok := v.ConfigStates[plan.Key{Service: svc.Name, Backend: b.Addr}]; ok {
 			ab.Override = true
 			ab.ConfigState = cs.String()
 		}
@@ -145,8 +146,8 @@ func (d *Daemon) apiService(v *view, svc lb.Service, conns map[datapath.FlowOwne
 		if st, ok := states.Get(health.Key{Service: svc.Name, Backend: b.Addr}); ok && st.State == health.Down {
 			ab.HealthError = d.healthError(st)
 		}
-		if id, ok := ps.ids[b.Addr]; ok {
-			ab.Slots = ps.slots[id]
+		if id, ok := ps.IDs[b.Addr]; ok {
+			ab.Slots = ps.Slots[id]
 			c := conns[datapath.FlowOwner{Service: ps.ID, Backend: id}]
 			ab.ActiveConns, ab.InactiveConns = c.Active, c.Inactive
 			if d.dp != nil {
@@ -198,17 +199,6 @@ func healthName(h metrics.Health) string {
 	return "unchecked"
 }
 
-// eligible are the backends that take part in the Maglev table.
-func eligible(svc lb.Service) []maglev.Backend {
-	var out []maglev.Backend
-	for _, b := range svc.Backends {
-		if b.State == lb.Active && b.Weight > 0 {
-			out = append(out, maglev.Backend{Addr: b.Addr, Weight: b.Weight})
-		}
-	}
-	return out
-}
-
 // Conntrack implements api.Provider.
 func (d *Daemon) Conntrack() (api.Conntrack, error) {
 	if d.dp == nil {
@@ -233,19 +223,19 @@ func conntrackOf(dp *datapath.LB, maxAge time.Duration) (api.Conntrack, error) {
 
 // programmedOf returns what is programmed for fe; the zero value (no id,
 // no table, nothing indexed) when nothing is.
-func (v *view) programmedOf(fe lb.Frontend) *programmedService {
-	if ps, ok := v.index.get(fe); ok {
+func (v *view) programmedOf(fe lb.Frontend) *plan.Programmed {
+	if ps, ok := v.Index.Get(fe); ok {
 		return ps
 	}
-	return &programmedService{}
+	return &plan.Programmed{}
 }
 
 // programmed returns the desired service named name and what is programmed
 // for it.
 func (d *Daemon) programmed(name string) (lb.Service, reconciler.ServiceState, *view, error) {
 	v := d.view.Load()
-	if i, ok := v.pos[name]; ok {
-		svc := v.services.At(i)
+	if i, ok := v.Pos[name]; ok {
+		svc := v.Services.At(i)
 		if ps := v.programmedOf(svc.Frontend); ps.HasTable {
 			return svc, ps.ServiceState, v, nil
 		}

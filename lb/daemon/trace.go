@@ -51,11 +51,11 @@ func traceFilter(v *view, req api.TraceRequest) (datapath.TraceFilter, error) {
 		f.Proto = p
 	}
 	if req.Service != "" {
-		i, ok := v.pos[req.Service]
+		i, ok := v.Pos[req.Service]
 		if !ok {
 			return f, fmt.Errorf("no service %q: %w", req.Service, api.ErrNotFound)
 		}
-		svc := v.services.At(i)
+		svc := v.Services.At(i)
 		if (f.VIP.IsValid() && f.VIP != svc.Frontend.Addr) || (f.Port != 0 && f.Port != svc.Frontend.Port) ||
 			(f.Proto != 0 && f.Proto != svc.Frontend.Proto) {
 			return f, fmt.Errorf("service %q is %s, which the vip, port or proto given contradict: %w", req.Service, svc.Frontend, api.ErrInvalid)

@@ -11,6 +11,7 @@ import (
 	"github.com/l4lb/l4lb/lb"
 	"github.com/l4lb/l4lb/lb/api"
 	"github.com/l4lb/l4lb/lb/datapath"
+	"github.com/l4lb/l4lb/lb/plan"
 )
 
 // TestTraceFilter checks how a trace request becomes the datapath's
@@ -18,7 +19,7 @@ import (
 // resolved to its frontend, and the refusals.
 func TestTraceFilter(t *testing.T) {
 	web := lb.Service{Name: "web", Frontend: lb.Frontend{Addr: netip.MustParseAddr("192.0.2.10"), Port: 80, Proto: lb.TCP}}
-	v := &view{services: cow.SliceOf([]lb.Service{web}), pos: map[string]int{"web": 0}}
+	v := &view{View: &plan.View{Services: cow.SliceOf([]lb.Service{web}), Pos: map[string]int{"web": 0}}}
 	tests := []struct {
 		name string
 		req  api.TraceRequest

@@ -11,9 +11,11 @@ import (
 	"slices"
 	"time"
 
+	"github.com/l4lb/l4lb/discovery"
 	"github.com/l4lb/l4lb/internal/testnet"
 	"github.com/l4lb/l4lb/lb"
 	"github.com/l4lb/l4lb/lb/datapath"
+	"github.com/l4lb/l4lb/lb/plan"
 	"github.com/l4lb/l4lb/lb/reconciler"
 )
 
@@ -52,9 +54,9 @@ type CPRow struct {
 	Partial Sync `json:"iptables_partial_sync"`
 	// L4LBLoad is the first reconcile of every service, for scale.
 	L4LBLoad time.Duration `json:"l4lb_load_ns"`
-	// L4LB is one Reconcile of the whole desired state with the change,
-	// on the real BPF maps: diff, new Maglev table, map writes; the
-	// median of L4LBSamples changes.
+	// L4LB is the pass l4lbd runs for a source's snapshot with the
+	// change (merge, then lb/plan's pass over the changed service), on
+	// the real BPF maps; the median of L4LBSamples changes.
 	L4LB        time.Duration `json:"l4lb_change_ns"`
 	L4LBSamples int           `json:"l4lb_samples"`
 	// L4LBOps counts the datapath operations of one change, by kind.
@@ -269,11 +271,13 @@ func cpL4LB(t *testnet.Script, o options, row *CPRow) {
 	}
 	defer d.Close()
 	dp := &counting{dp: d, ops: map[string]int{}}
-	rec := reconciler.New(reconciler.Config{Seed: seed, MaxServices: uint32(row.Services), MaxBackends: total}, dp, nil)
+	merger := discovery.NewMerger()
+	p := plan.New(plan.Config{Seed: seed, Rec: reconciler.New(reconciler.Config{Seed: seed, MaxServices: uint32(row.Services), MaxBackends: total}, dp, nil), Merger: merger})
 	svcs := w.lbServices()
 	start := time.Now()
-	if err := rec.Reconcile(svcs); err != nil {
-		t.Fatalf("control plane: reconcile %d services: %v", row.Services, err)
+	merger.Update(discovery.Snapshot{Source: "compare", Services: svcs})
+	if res := p.Pass(start); res.Err != nil || len(res.View.Rejected) > 0 {
+		t.Fatalf("control plane: program %d services: %v %v", row.Services, res.Err, res.View.Rejected)
 	}
 	row.L4LBLoad = time.Since(start)
 	var lat []time.Duration
@@ -283,8 +287,9 @@ func cpL4LB(t *testnet.Script, o options, row *CPRow) {
 		svcs[i].Backends[j].Addr = to
 		dp.ops = map[string]int{}
 		start := time.Now()
-		if err := rec.Reconcile(svcs); err != nil {
-			t.Fatalf("control plane: reconcile a change: %v", err)
+		merger.Update(discovery.Snapshot{Source: "compare", Services: svcs})
+		if res := p.Pass(start); res.Err != nil || res.View == nil || res.Full {
+			t.Fatalf("control plane: a change to one service: error %v, or not a pass over it", res.Err)
 		}
 		lat = append(lat, time.Since(start))
 		row.L4LBOps = dp.ops

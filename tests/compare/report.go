@@ -160,8 +160,8 @@ func (r *Report) writeControlPlane(w io.Writer) {
     "> T": the restore ran past its budget T and was stopped, or a smaller rule set already had and it was not run;
     "-": not run because the rules could not be loaded. Changes are measured again only while they take less than
     %s together (-o json has the count and the reasons).
-  L4LB: one Reconcile of the whole desired state (every service) through lb/reconciler into the real BPF maps of
-    lb/datapath. L4LB OPS are the datapath operations of the change: %s.
+  L4LB: the pass l4lbd runs when a source changes one service: the source's whole snapshot merged, then lb/plan's
+    pass over the changed service into the real BPF maps of lb/datapath. L4LB OPS are the datapath operations of the change: %s.
 `, cpRepeat, opsWords(rows))
 }
 

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package daemon
+package plan
 
 import (
 	"fmt"
@@ -25,11 +25,11 @@ import (
 func BenchmarkOverridePass(b *testing.B) {
 	for _, n := range []int{1000, 100000} {
 		b.Run(fmt.Sprint(n), func(b *testing.B) {
-			d := testDaemon(&testing.T{}, "[datapath]\ninterfaces = [\"lo\"]\nmode = \"snat\"\n[maglev]\ntable_size = 31\n")
+			hm := health.New(health.Options{Log: slog.New(slog.DiscardHandler)})
+			defer hm.Stop()
+			d := newTestPlan(b, "[datapath]\ninterfaces = [\"lo\"]\nmode = \"snat\"\n[maglev]\ntable_size = 31\n", reconcilertest.NewFake(), hm)
 			d.rec = reconciler.New(reconciler.Config{Seed: d.cfg.Maglev.Seed, MaxServices: uint32(n), MaxBackends: uint32(10 * n)}, reconcilertest.NewFake(), slog.New(slog.DiscardHandler))
-			d.health = health.New(health.Options{Log: slog.New(slog.DiscardHandler)})
-			defer d.health.Stop()
-			d.supported = func(lb.Service) error { return nil }
+			d.SetDatapath(d.rec, nil)
 			svcs := make([]lb.Service, n)
 			for i := range svcs {
 				s := lb.Service{Name: fmt.Sprintf("s%06d", i), Frontend: lb.Frontend{Addr: netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)}), Port: 80, Proto: lb.TCP}}
@@ -43,7 +43,7 @@ func BenchmarkOverridePass(b *testing.B) {
 				b.Fatalf("first pass: %v", err)
 			}
 			name := svcs[n/2].Name
-			k := overrideKey{Service: name, Backend: svcs[n/2].Backends[3].Addr}
+			k := Key{Service: name, Backend: svcs[n/2].Backends[3].Addr}
 			var before, after runtime.MemStats
 			runtime.GC()
 			runtime.ReadMemStats(&before)
@@ -53,7 +53,7 @@ func BenchmarkOverridePass(b *testing.B) {
 				if i%2 == 1 {
 					st = lb.Active
 				}
-				d.overrides.m[k] = override{overrideKey: k, State: st, Since: time.Now()}
+				d.overrides[k] = Override{Key: k, State: st, Since: time.Now()}
 				if !d.applyServices([]string{name}, nil) {
 					b.Fatal("the pass over one service declined")
 				}

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package daemon
+package plan
 
 import (
 	"fmt"
@@ -25,7 +25,7 @@ func TestUpdateIndexIsFullIndex(t *testing.T) {
 	rec := reconciler.New(reconciler.Config{Seed: seed, MaxServices: 40, MaxBackends: 400}, reconcilertest.NewFake(), nil)
 	rng := rand.New(rand.NewPCG(1, 2))
 	desired := map[int]lb.Service{}
-	var idx index
+	var idx Index
 	for pass := range 200 {
 		for range rng.IntN(3) + 1 {
 			i := rng.IntN(30)
@@ -56,20 +56,20 @@ func TestUpdateIndexIsFullIndex(t *testing.T) {
 		if !reflect.DeepEqual(deref(idx), before) {
 			t.Fatalf("pass %d: the last pass's index was modified", pass)
 		}
-		full := updateIndex(index{}, seed, rec.Programmed().Services, nil, list)
+		full := updateIndex(Index{}, seed, rec.Programmed().Services, nil, list)
 		if got, want := deref(next), deref(full); !reflect.DeepEqual(got, want) {
 			t.Fatalf("pass %d: updated index differs from the full one:\n%v\n%v", pass, got, want)
 		}
-		if next.services != full.services || next.backends != full.backends || next.tables != full.tables {
-			t.Fatalf("pass %d: updated totals %d/%d/%d, full %d/%d/%d", pass, next.services, next.backends, next.tables, full.services, full.backends, full.tables)
+		if next.Services != full.Services || next.Backends != full.Backends || next.Tables != full.Tables {
+			t.Fatalf("pass %d: updated totals %d/%d/%d, full %d/%d/%d", pass, next.Services, next.Backends, next.Tables, full.Services, full.Backends, full.Tables)
 		}
 		idx = next
 	}
 }
 
 // deref copies an index's entries, to see later whether any was modified.
-func deref(idx index) map[lb.Frontend]programmedService {
-	out := map[lb.Frontend]programmedService{}
+func deref(idx Index) map[lb.Frontend]Programmed {
+	out := map[lb.Frontend]Programmed{}
 	for fe, ps := range idx.byFrontend.All() {
 		out[fe] = *ps
 	}
@@ -86,7 +86,7 @@ func TestProgrammedMoved(t *testing.T) {
 	st := func(i byte, entry, table bool) reconciler.ServiceState {
 		return reconciler.ServiceState{Service: lb.Service{Frontend: fe(i)}, HasEntry: entry, HasTable: table}
 	}
-	prev := updateIndex(index{}, maglev.Seed{}, []reconciler.ServiceState{st(1, true, true), st(2, true, false)}, nil, nil)
+	prev := updateIndex(Index{}, maglev.Seed{}, []reconciler.ServiceState{st(1, true, true), st(2, true, false)}, nil, nil)
 	tests := []struct {
 		name    string
 		changed []reconciler.ServiceState

@@ -1,27 +1,26 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package daemon
+package plan
 
 import (
 	"fmt"
 	"time"
 
 	"github.com/l4lb/l4lb/lb"
-	"github.com/l4lb/l4lb/lb/datapath"
 	"github.com/l4lb/l4lb/lb/health"
 )
 
-// healthTargets says how each backend is probed. A DSR backend is checked
-// the way clients reach it: a probe to the VIP whose socket mark names the
-// backend, which the datapath's l4lb_hc program dispatches to exactly that
-// backend. SNAT backends, and DSR backends not programmed yet (no id to
-// mark), are probed on their own address.
-func healthTargets(idx index) func(svc lb.Service, b lb.Backend) health.Target {
+// targets says how each backend is probed. A DSR backend is checked the
+// way clients reach it: a probe to the VIP whose socket mark names the
+// backend (Config.ProbeMark), which the datapath's probe program
+// dispatches to exactly that backend. SNAT backends, and DSR backends not
+// programmed yet (no id to mark), are probed on their own address.
+func (p *Plan) targets(idx Index) func(svc lb.Service, b lb.Backend) health.Target {
 	return func(svc lb.Service, b lb.Backend) health.Target {
-		if svc.Mode == lb.ModeDSR {
-			if ps, ok := idx.get(svc.Frontend); ok {
-				if id, ok := ps.ids[b.Addr]; ok {
-					return health.ThroughVIP(svc, datapath.HealthMarkFor(id))
+		if svc.Mode == lb.ModeDSR && p.probeMark != nil {
+			if ps, ok := idx.Get(svc.Frontend); ok {
+				if id, ok := ps.IDs[b.Addr]; ok {
+					return health.ThroughVIP(svc, p.probeMark(id))
 				}
 			}
 		}
@@ -37,8 +36,8 @@ func healthTargets(idx index) func(svc lb.Service, b lb.Backend) health.Target {
 // a service is down, the checks are ignored for it (fail open): more likely
 // the probes are broken than every backend at once, and dropping all of the
 // service's traffic would be the worst answer.
-func (d *Daemon) applyHealth(svcs []lb.Service, states func(health.Key) (health.Status, bool)) (out []lb.Service, warnings []string) {
-	if d.health == nil {
+func (p *Plan) applyHealth(svcs []lb.Service, states func(health.Key) (health.Status, bool)) (out []lb.Service, warnings []string) {
+	if p.health == nil {
 		return svcs, nil
 	}
 	up := func(svc lb.Service, b lb.Backend) bool {
@@ -82,19 +81,19 @@ func (d *Daemon) applyHealth(svcs []lb.Service, states func(health.Key) (health.
 // applyDrainTimeouts turns draining backends whose drain timeout passed
 // into disabled ones, which moves their remaining flows. It returns the
 // time of the next deadline (zero when none), for the control loop's timer.
-// A draining backend's clock starts when this daemon first sees it
+// A draining backend's clock starts when this plan first sees it
 // draining, or when its runtime override was set.
-func (d *Daemon) applyDrainTimeouts(svcs []lb.Service, now time.Time) (next time.Time) {
-	seen := map[overrideKey]bool{}
+func (p *Plan) applyDrainTimeouts(svcs []lb.Service, now time.Time) (next time.Time) {
+	seen := map[Key]bool{}
 	for i := range svcs {
-		if n := d.drainTimeouts(&svcs[i], now, seen); !n.IsZero() && (next.IsZero() || n.Before(next)) {
+		if n := p.drainTimeouts(&svcs[i], now, seen); !n.IsZero() && (next.IsZero() || n.Before(next)) {
 			next = n
 		}
 	}
-	for k := range d.drainSince {
+	for k := range p.drainSince {
 		if !seen[k] {
-			delete(d.drainSince, k)
-			delete(d.drainCut, k)
+			delete(p.drainSince, k)
+			delete(p.drainCut, k)
 		}
 	}
 	return next
@@ -102,29 +101,29 @@ func (d *Daemon) applyDrainTimeouts(svcs []lb.Service, now time.Time) (next time
 
 // drainTimeouts is applyDrainTimeouts for one service: it adds the keys of
 // svc's draining backends to seen and returns svc's next deadline.
-func (d *Daemon) drainTimeouts(svc *lb.Service, now time.Time, seen map[overrideKey]bool) (next time.Time) {
+func (p *Plan) drainTimeouts(svc *lb.Service, now time.Time, seen map[Key]bool) (next time.Time) {
 	for j, b := range svc.Backends {
 		if b.State != lb.Draining {
 			continue
 		}
-		k := overrideKey{Service: svc.Name, Backend: b.Addr}
+		k := Key{Service: svc.Name, Backend: b.Addr}
 		seen[k] = true
-		since, ok := d.drainSince[k]
+		since, ok := p.drainSince[k]
 		if !ok {
 			since = now
-			if ov, ok := d.overrides.m[k]; ok && ov.State == lb.Draining && !ov.Since.IsZero() {
+			if ov, ok := p.overrides[k]; ok && ov.State == lb.Draining && !ov.Since.IsZero() {
 				since = ov.Since
 			}
-			d.drainSince[k] = since
+			p.drainSince[k] = since
 		}
 		if svc.DrainTimeout <= 0 {
 			continue
 		}
 		deadline := since.Add(svc.DrainTimeout)
 		if !now.Before(deadline) {
-			if !d.drainCut[k] {
-				d.drainCut[k] = true
-				d.log.Info("drain timeout passed; moving the backend's remaining flows", "service", svc.Name, "backend", b.Addr)
+			if !p.drainCut[k] {
+				p.drainCut[k] = true
+				p.log.Info("drain timeout passed; moving the backend's remaining flows", "service", svc.Name, "backend", b.Addr)
 			}
 			bs := append([]lb.Backend(nil), svc.Backends...)
 			bs[j].State = lb.Disabled
@@ -138,8 +137,8 @@ func (d *Daemon) drainTimeouts(svc *lb.Service, now time.Time, seen map[override
 	return next
 }
 
-// mapLookup is a plain map's look-up, for applyHealth.
-func mapLookup(m map[health.Key]health.Status) func(health.Key) (health.Status, bool) {
+// MapLookup is a plain map's look-up, for applyHealth and the announcer.
+func MapLookup(m map[health.Key]health.Status) func(health.Key) (health.Status, bool) {
 	return func(k health.Key) (health.Status, bool) {
 		st, ok := m[k]
 		return st, ok

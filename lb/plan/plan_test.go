@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package daemon
+package plan
 
 import (
 	"context"
@@ -19,6 +19,7 @@ import (
 	"github.com/l4lb/l4lb/discovery"
 	"github.com/l4lb/l4lb/internal/cow"
 	"github.com/l4lb/l4lb/lb"
+	"github.com/l4lb/l4lb/lb/config"
 	"github.com/l4lb/l4lb/lb/health"
 	"github.com/l4lb/l4lb/lb/reconciler"
 	"github.com/l4lb/l4lb/lb/reconciler/reconcilertest"
@@ -65,18 +66,52 @@ address = "198.51.100.6"
 port = 443
 `
 
-// passDaemon is a daemon, not running, whose passes program a fake
-// datapath: the file's services are merged and applied once.
-func passDaemon(t *testing.T) (*Daemon, *reconcilertest.Fake) {
+// testPlan is a plan whose passes program a fake datapath, with the
+// configuration and the merger it was built from.
+type testPlan struct {
+	*Plan
+	cfg       *config.Config
+	merger    *discovery.Merger
+	rec       *reconciler.Reconciler
+	overrides Overrides
+}
+
+// newTestPlan builds a plan over the fake f for the services of doc, with
+// the health checks h (nil: none); the file's services are merged, not
+// applied yet.
+func newTestPlan(t testing.TB, doc string, f *reconcilertest.Fake, h Health) *testPlan {
 	t.Helper()
-	d := testDaemon(t, passConfig)
+	cfg, err := config.Parse("test.toml", []byte(doc), config.Options{Dev: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tp := &testPlan{cfg: cfg, merger: discovery.NewMerger(), overrides: Overrides{}}
+	tp.rec = reconciler.New(reconciler.Config{Seed: cfg.Maglev.Seed, MaxServices: 16, MaxBackends: 64}, f, slog.New(slog.DiscardHandler))
+	tp.Plan = New(Config{Seed: cfg.Maglev.Seed, Rec: tp.rec, Merger: tp.merger, Health: h})
+	tp.SetDefaults(cfg.Defaults())
+	tp.SetOverrides(tp.overrides)
+	tp.merger.Update(discovery.Snapshot{Source: "file:test.toml", Services: cfg.Services})
+	return tp
+}
+
+// apply runs a full pass.
+func (d *testPlan) apply() error { return d.Full(time.Now()).Err }
+
+// applyServices runs a pass over names, false when it declined.
+func (d *testPlan) applyServices(names []string, flipped []health.Key) bool {
+	_, ok := d.Services(names, flipped, time.Now())
+	return ok
+}
+
+// passDaemon is a plan whose passes program a fake datapath: the
+// file's services are merged and applied once.
+func passDaemon(t *testing.T) (*testPlan, *reconcilertest.Fake) {
+	t.Helper()
 	f := reconcilertest.NewFake()
 	f.CheckEachOp(true)
-	d.rec = reconciler.New(reconciler.Config{Seed: d.cfg.Maglev.Seed, MaxServices: 16, MaxBackends: 64}, f, slog.New(slog.DiscardHandler))
-	d.health = health.New(health.Options{Log: slog.New(slog.DiscardHandler)})
-	t.Cleanup(d.health.Stop)
-	d.supported = func(lb.Service) error { return nil }
-	d.merger.Update(discovery.Snapshot{Source: "file:test.toml", Services: d.cfg.Services})
+	hm := health.New(health.Options{Log: slog.New(slog.DiscardHandler)})
+	t.Cleanup(hm.Stop)
+	d := newTestPlan(t, passConfig, f, hm)
 	if err := d.apply(); err != nil {
 		t.Fatalf("first pass: %v", err)
 	}
@@ -134,7 +169,7 @@ func TestOneServicePass(t *testing.T) {
 				svcs[i] = s.Clone()
 			}
 			for _, st := range tc.steps {
-				var k overrideKey
+				var k Key
 				switch {
 				case st.backends != nil:
 					for i := range svcs {
@@ -152,11 +187,11 @@ func TestOneServicePass(t *testing.T) {
 						t.Fatalf("the merger reports changes %v (all %v), want %q alone", names, all, st.service)
 					}
 				case st.clear:
-					k = overrideKey{Service: st.service, Backend: netip.MustParseAddrPort(st.backend)}
-					delete(d.overrides.m, k)
+					k = Key{Service: st.service, Backend: netip.MustParseAddrPort(st.backend)}
+					delete(d.overrides, k)
 				default:
-					k = overrideKey{Service: st.service, Backend: netip.MustParseAddrPort(st.backend)}
-					d.overrides.m[k] = override{overrideKey: k, State: st.state, Since: time.Now()}
+					k = Key{Service: st.service, Backend: netip.MustParseAddrPort(st.backend)}
+					d.overrides[k] = Override{Key: k, State: st.state, Since: time.Now()}
 				}
 				f.ResetOps()
 				if !d.applyServices([]string{st.service}, nil) {
@@ -177,7 +212,7 @@ func TestOneServicePass(t *testing.T) {
 						t.Errorf("%s no longer drains but its drain clock stayed", k)
 					}
 				}
-				one := d.view.Load()
+				one := d.View()
 				f.ResetOps()
 				if err := d.apply(); err != nil {
 					t.Fatalf("full pass: %v", err)
@@ -185,25 +220,25 @@ func TestOneServicePass(t *testing.T) {
 				if ops := f.Ops(); len(ops) != 0 {
 					t.Errorf("a full pass after the one-service pass still wrote %v", ops)
 				}
-				full := d.view.Load()
+				full := d.View()
 				opts := []cmp.Option{cmpopts.EquateEmpty(), cmp.Comparer(func(a, b netip.Addr) bool { return a == b }),
 					cmp.Comparer(func(a, b netip.AddrPort) bool { return a == b }), cmp.Comparer(func(a, b netip.Prefix) bool { return a == b })}
-				if diff := cmp.Diff(slices.Collect(valuesOf(full.services)), slices.Collect(valuesOf(one.services)), opts...); diff != "" {
+				if diff := cmp.Diff(slices.Collect(valuesOf(full.Services)), slices.Collect(valuesOf(one.Services)), opts...); diff != "" {
 					t.Errorf("services (-full pass +one-service pass):\n%s", diff)
 				}
-				if diff := cmp.Diff(full.configStates, one.configStates, opts...); diff != "" {
+				if diff := cmp.Diff(full.ConfigStates, one.ConfigStates, opts...); diff != "" {
 					t.Errorf("config states (-full pass +one-service pass):\n%s", diff)
 				}
-				if diff := cmp.Diff(full.pos, one.pos); diff != "" {
+				if diff := cmp.Diff(full.Pos, one.Pos); diff != "" {
 					t.Errorf("positions (-full pass +one-service pass):\n%s", diff)
 				}
-				if full.index.byFrontend.Len() != one.index.byFrontend.Len() || full.index.services != one.index.services ||
-					full.index.backends != one.index.backends || full.index.tables != one.index.tables {
+				if full.Index.Len() != one.Index.Len() || full.Index.Services != one.Index.Services ||
+					full.Index.Backends != one.Index.Backends || full.Index.Tables != one.Index.Tables {
 					t.Errorf("index totals differ between the full pass and the one-service pass")
 				}
-				for fe, ps := range full.index.byFrontend.All() {
-					got, ok := one.index.get(fe)
-					if !ok || got.fingerprint != ps.fingerprint || !cmp.Equal(got.ServiceState, ps.ServiceState, opts...) || !cmp.Equal(got.ids, ps.ids, opts...) || !cmp.Equal(got.slots, ps.slots) {
+				for fe, ps := range full.Index.All() {
+					got, ok := one.Index.Get(fe)
+					if !ok || got.Fingerprint != ps.Fingerprint || !cmp.Equal(got.ServiceState, ps.ServiceState, opts...) || !cmp.Equal(got.IDs, ps.IDs, opts...) || !cmp.Equal(got.Slots, ps.Slots) {
 						t.Errorf("index of %s differs between the full pass and the one-service pass", fe)
 					}
 				}
@@ -247,16 +282,13 @@ port = 80
 address = "198.51.100.9"
 port = 80
 `
-	d := testDaemon(t, doc)
 	f := reconcilertest.NewFake()
 	f.CheckEachOp(true)
-	d.rec = reconciler.New(reconciler.Config{Seed: d.cfg.Maglev.Seed, MaxServices: 16, MaxBackends: 64}, f, slog.New(slog.DiscardHandler))
 	checks := &downSet{}
-	d.health = health.New(health.Options{Log: slog.New(slog.DiscardHandler), Damping: health.Damping{Off: true},
+	hm := health.New(health.Options{Log: slog.New(slog.DiscardHandler), Damping: health.Damping{Off: true},
 		NewChecker: func(lb.HealthCheck) (health.Checker, error) { return checks, nil }})
-	t.Cleanup(d.health.Stop)
-	d.supported = func(lb.Service) error { return nil }
-	d.merger.Update(discovery.Snapshot{Source: "file:test.toml", Services: d.cfg.Services})
+	t.Cleanup(hm.Stop)
+	d := newTestPlan(t, doc, f, hm)
 	if err := d.apply(); err != nil {
 		t.Fatalf("first pass: %v", err)
 	}
@@ -273,7 +305,7 @@ port = 80
 		timeout := time.After(30 * time.Second)
 		for {
 			select {
-			case ev := <-d.health.Events():
+			case ev := <-hm.Events():
 				if ev.Backend == backend && ev.State == state {
 					return []health.Key{{Service: ev.Service, Backend: ev.Backend}}
 				}
@@ -291,7 +323,7 @@ port = 80
 		}
 		flipped := waitFlip(b, state)
 		f.ResetOps()
-		if !d.applyFlips(flipped) {
+		if !func() bool { _, ok := d.Flips(flipped, time.Now()); return ok }() {
 			t.Fatalf("%s went %v: the pass over its service declined", b, state)
 		}
 		for _, op := range f.Ops() {
@@ -299,9 +331,9 @@ port = 80
 				t.Errorf("the pass for h wrote service id %d: %s", op.Service, op)
 			}
 		}
-		one := d.view.Load()
-		if got := healthName(healthOf(one, one.services.At(one.pos["h"]), lb.Backend{Addr: b})); (state == health.Down) != (got == "unhealthy") {
-			t.Errorf("after %s went %v the view shows it %s", b, state, got)
+		one := d.View()
+		if got, _ := one.Health.Get(health.Key{Service: "h", Backend: b}); (state == health.Down) != (got.State == health.Down) {
+			t.Errorf("after %s went %v the view shows it %v", b, state, got.State)
 		}
 		f.ResetOps()
 		if err := d.apply(); err != nil {
@@ -310,14 +342,14 @@ port = 80
 		if ops := f.Ops(); len(ops) != 0 {
 			t.Errorf("a full pass after the pass over h still wrote %v", ops)
 		}
-		full := d.view.Load()
-		fp, _ := full.index.get(one.services.At(one.pos["h"]).Frontend)
-		op, _ := one.index.get(one.services.At(one.pos["h"]).Frontend)
-		if fp.fingerprint != op.fingerprint || !slices.Equal(fp.Table, op.Table) {
+		full := d.View()
+		fp, _ := full.Index.Get(one.Services.At(one.Pos["h"]).Frontend)
+		op, _ := one.Index.Get(one.Services.At(one.Pos["h"]).Frontend)
+		if fp.Fingerprint != op.Fingerprint || !slices.Equal(fp.Table, op.Table) {
 			t.Errorf("after %s went %v: h's table differs between the full pass and the pass over h", b, state)
 		}
-		if slices.Contains(op.Table, op.ids[b]) == (state == health.Down) {
-			t.Errorf("after %s went %v, h's table names it: %v", b, state, slices.Contains(op.Table, op.ids[b]))
+		if slices.Contains(op.Table, op.IDs[b]) == (state == health.Down) {
+			t.Errorf("after %s went %v, h's table names it: %v", b, state, slices.Contains(op.Table, op.IDs[b]))
 		}
 	}
 
@@ -337,14 +369,14 @@ port = 80
 	if !d.applyServices([]string{"h"}, nil) {
 		t.Fatal("the pass over h declined a new backend")
 	}
-	one := d.view.Load()
-	if _, ok := one.health.Get(health.Key{Service: "h", Backend: added}); !ok {
+	one := d.View()
+	if _, ok := one.Health.Get(health.Key{Service: "h", Backend: added}); !ok {
 		t.Errorf("the view has no health state for h's new backend")
 	}
-	if _, ok := one.health.Get(health.Key{Service: "h", Backend: gone}); ok {
+	if _, ok := one.Health.Get(health.Key{Service: "h", Backend: gone}); ok {
 		t.Errorf("the view keeps the health state of h's removed backend")
 	}
-	if _, ok := d.health.Status(health.Key{Service: "h", Backend: added}); !ok {
+	if _, ok := hm.Status(health.Key{Service: "h", Backend: added}); !ok {
 		t.Errorf("h's new backend is not probed")
 	}
 	f.ResetOps()
@@ -354,7 +386,7 @@ port = 80
 	if ops := f.Ops(); len(ops) != 0 {
 		t.Errorf("a full pass after the pass over h still wrote %v", ops)
 	}
-	full := d.view.Load()
+	full := d.View()
 	keys := func(m cow.Map[health.Key, health.Status]) []string {
 		var out []string
 		for k := range m.All() {
@@ -363,8 +395,8 @@ port = 80
 		slices.Sort(out)
 		return out
 	}
-	if !slices.Equal(keys(full.health), keys(one.health)) {
-		t.Errorf("health states of the full pass %v, of the pass over h %v", keys(full.health), keys(one.health))
+	if !slices.Equal(keys(full.Health), keys(one.Health)) {
+		t.Errorf("health states of the full pass %v, of the pass over h %v", keys(full.Health), keys(one.Health))
 	}
 }
 
@@ -380,9 +412,9 @@ func TestOneServicePassDeclines(t *testing.T) {
 	})
 	t.Run("last pass failed", func(t *testing.T) {
 		d, f := passDaemon(t)
-		v := *d.view.Load()
-		v.recErr = "a failed write"
-		d.view.Store(&v)
+		v := *d.View()
+		v.RecErr = "a failed write"
+		d.last = &v
 		f.ResetOps()
 		if d.applyServices([]string{"a"}, nil) || len(f.Ops()) != 0 {
 			t.Errorf("a one-service pass ran over a failed full pass (ops %v)", f.Ops())
@@ -422,5 +454,89 @@ func valuesOf[T any](s cow.Slice[T]) iter.Seq[T] {
 				return
 			}
 		}
+	}
+}
+
+// TestPass: Pass runs no pass when the sources changed nothing, a pass
+// over the services that changed within themselves, and a full pass when
+// services came or went or an input of every service changed; a changed
+// health check is probed as the full pass would probe it.
+func TestPass(t *testing.T) {
+	clone := func(svcs []lb.Service) []lb.Service {
+		out := make([]lb.Service, len(svcs))
+		for i, s := range svcs {
+			out[i] = s.Clone()
+		}
+		return out
+	}
+	tests := []struct {
+		name string
+		// change edits the file's services or the plan's inputs.
+		change   func(d *testPlan, svcs []lb.Service) []lb.Service
+		wantRun  bool
+		wantFull bool
+	}{
+		{"nothing changed", func(d *testPlan, svcs []lb.Service) []lb.Service { return svcs }, false, false},
+		{"a backend's weight", func(d *testPlan, svcs []lb.Service) []lb.Service {
+			svcs[0].Backends[1].Weight = 7
+			return svcs
+		}, true, false},
+		{"a health check added", func(d *testPlan, svcs []lb.Service) []lb.Service {
+			svcs[1].Health = lb.HealthCheck{Type: lb.HealthTCP, Interval: time.Hour}
+			return svcs
+		}, true, false},
+		{"a service added", func(d *testPlan, svcs []lb.Service) []lb.Service {
+			s := svcs[0].Clone()
+			s.Name, s.Frontend.Port = "new", 8080
+			return append(svcs, s)
+		}, true, true},
+		{"a service removed", func(d *testPlan, svcs []lb.Service) []lb.Service { return svcs[1:] }, true, true},
+		{"defaults changed", func(d *testPlan, svcs []lb.Service) []lb.Service {
+			defs := d.cfg.Defaults()
+			defs.DrainTimeout = time.Minute
+			d.SetDefaults(defs)
+			return svcs
+		}, true, true},
+		{"the box's addresses changed", func(d *testPlan, svcs []lb.Service) []lb.Service {
+			d.SetLocal(map[netip.Addr]string{netip.MustParseAddr("203.0.113.1"): "eth0"})
+			return svcs
+		}, true, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			d, f := passDaemon(t)
+			svcs := tc.change(d, clone(d.cfg.Services))
+			d.merger.Update(discovery.Snapshot{Source: "file:test.toml", Services: svcs})
+			f.ResetOps()
+			res := d.Pass(time.Now())
+			if ran := res.View != nil; ran != tc.wantRun || res.Full != tc.wantFull {
+				t.Fatalf("pass ran %v, full %v; want %v, %v", ran, res.Full, tc.wantRun, tc.wantFull)
+			}
+			if res.Err != nil {
+				t.Fatal(res.Err)
+			}
+			one := d.View()
+			f.ResetOps()
+			if err := d.apply(); err != nil {
+				t.Fatal(err)
+			}
+			if ops := f.Ops(); len(ops) != 0 {
+				t.Errorf("a full pass after Pass still wrote %v", ops)
+			}
+			full := d.View()
+			if !slices.EqualFunc(slices.Collect(valuesOf(full.Services)), slices.Collect(valuesOf(one.Services)), lb.Service.Equal) {
+				t.Errorf("services differ between Pass and a full pass after it")
+			}
+			for _, s := range full.Services.All() {
+				for _, b := range s.Backends {
+					k := health.Key{Service: s.Name, Backend: b.Addr}
+					_, probed := d.health.Status(k)
+					_, shown := one.Health.Get(k)
+					if want := s.Health.Type != lb.HealthNone; probed != want || shown != want {
+						t.Errorf("%s: probed %v, shown %v; want %v", k, probed, shown, want)
+					}
+				}
+			}
+		})
 	}
 }
