@@ -29,6 +29,12 @@ type Snapshot struct {
 	// Source names the origin, e.g. "file:/etc/l4lb/l4lb.toml" or "consul".
 	Source   string
 	Services []lb.Service
+	// Changed, when not nil, says that the snapshot is the source's
+	// previous one with at most the services named changed, each in
+	// place (same position, same count): a source that patches its last
+	// snapshot knows this, and the merger then looks at those services
+	// alone instead of comparing every one. nil: compare them all.
+	Changed []string
 }
 
 // Status is what a source that watches something outside l4lbd (Consul,
@@ -96,7 +102,7 @@ type claim struct {
 // Merger combines sources' snapshots. It is not safe for concurrent use; the
 // daemon's control loop owns it.
 type Merger struct {
-	snapshots map[string]Snapshot
+	snapshots map[string]stored
 	// live are the frontends of each source's services by name, made
 	// when its snapshot arrives (replaced, never modified) rather than
 	// for every source on every Desired.
@@ -125,10 +131,20 @@ type Merger struct {
 	all     bool
 }
 
+// stored is a source's last snapshot as the merger keeps it: copy on
+// write, so that a snapshot that changes a few services costs those, and
+// indexed by name.
+type stored struct {
+	svcs cow.Slice[lb.Service]
+	// at is the position of each name in svcs (the first of a
+	// duplicate); never modified, replaced.
+	at map[string]int
+}
+
 // NewMerger returns an empty merger.
 func NewMerger() *Merger {
 	return &Merger{
-		snapshots: map[string]Snapshot{},
+		snapshots: map[string]stored{},
 		live:      map[string]map[string]lb.Frontend{},
 		frontends: map[lb.Frontend]claim{},
 		names:     map[string]claim{},
@@ -139,55 +155,112 @@ func NewMerger() *Merger {
 // before, unchanged, keeps the copy the merger made of it then. When the
 // snapshot changes services of the source only within themselves (same
 // names and frontends, none in conflict), the last merge is updated for
-// those services alone and Changes names them.
+// those services alone and Changes names them. With s.Changed set, only
+// the services it names are looked at.
 func (m *Merger) Update(s Snapshot) {
-	old := m.snapshots[s.Source]
-	oldAt := make(map[string]int, len(old.Services))
-	for i, svc := range old.Services {
-		oldAt[svc.Name] = i
+	if s.Changed != nil && m.patch(s) {
+		return
 	}
+	old := m.snapshots[s.Source]
 	svcs := make([]lb.Service, len(s.Services))
 	var (
 		changed []string
 		at      []int // svcs[at[k]] is changed[k]
 	)
-	structural := len(s.Services) != len(old.Services)
+	structural := len(s.Services) != old.svcs.Len()
 	for i, svc := range s.Services {
 		if svc.Source == "" {
 			svc.Source = s.Source
 		}
-		j, had := oldAt[svc.Name]
+		j, had := old.at[svc.Name]
+		var prev lb.Service
+		if had {
+			prev = old.svcs.At(j)
+		}
 		switch {
-		case had && old.Services[j].Equal(svc):
-			svcs[i] = old.Services[j]
+		case had && prev.Equal(svc):
+			svcs[i] = prev
 			continue
-		case !had || old.Services[j].Frontend != svc.Frontend:
+		case !had || prev.Frontend != svc.Frontend:
 			structural = true
 		}
 		svcs[i] = svc.Clone()
 		changed = append(changed, svc.Name)
 		at = append(at, i)
 	}
-	m.snapshots[s.Source] = Snapshot{Source: s.Source, Services: svcs}
+	pos := make(map[string]int, len(svcs))
 	names := make(map[string]lb.Frontend, len(svcs))
-	for _, svc := range svcs {
+	for i, svc := range svcs {
+		if _, dup := pos[svc.Name]; !dup {
+			pos[svc.Name] = i
+		}
 		names[svc.Name] = svc.Frontend
 	}
+	m.snapshots[s.Source] = stored{svcs: cow.SliceOf(svcs), at: pos}
 	m.live[s.Source] = names
 	if !m.fresh || structural || len(m.conflicts) > 0 {
 		m.fresh, m.all = false, true
 		return
 	}
+	m.within(s.Source, changed, func(k int) lb.Service { return svcs[at[k]] })
+}
+
+// patch is Update for a snapshot that says which services changed: it
+// looks at those alone, and answers false, having changed nothing, when
+// the snapshot does not fit the last one (another count, a name not where
+// it was) or changes more than services within themselves; Update then
+// compares everything.
+func (m *Merger) patch(s Snapshot) bool {
+	old, ok := m.snapshots[s.Source]
+	if !ok || old.svcs.Len() != len(s.Services) || !m.fresh || len(m.conflicts) > 0 {
+		return false
+	}
+	var changed []string
+	var now []lb.Service
+	next := old.svcs
+	for _, name := range s.Changed {
+		i, ok := old.at[name]
+		if !ok || s.Services[i].Name != name || slices.Contains(changed, name) {
+			return false
+		}
+		svc, prev := s.Services[i], old.svcs.At(i)
+		if svc.Source == "" {
+			svc.Source = s.Source
+		}
+		if prev.Equal(svc) {
+			continue
+		}
+		if prev.Frontend != svc.Frontend {
+			return false
+		}
+		svc = svc.Clone()
+		next = next.With(i, svc)
+		changed = append(changed, name)
+		now = append(now, svc)
+	}
+	for _, name := range changed {
+		if k, ok := m.byName[name]; !ok || m.merged.At(k).Source != s.Source {
+			return false
+		}
+	}
+	m.snapshots[s.Source] = stored{svcs: next, at: old.at}
+	m.within(s.Source, changed, func(k int) lb.Service { return now[k] })
+	return true
+}
+
+// within updates the last merge for services of source that changed
+// within themselves: changed[k] is now svc(k).
+func (m *Merger) within(source string, changed []string, svc func(k int) lb.Service) {
 	// Every name and frontend stays where it was and nothing collides,
 	// so the claims hold: the merge changes in these services only.
 	merged := m.merged
-	for j, name := range changed {
-		k, ok := m.byName[name]
-		if !ok || merged.At(k).Source != s.Source {
+	for k, name := range changed {
+		i, ok := m.byName[name]
+		if !ok || merged.At(i).Source != source {
 			m.fresh, m.all = false, true
 			return
 		}
-		merged = merged.With(k, svcs[at[j]])
+		merged = merged.With(i, svc(k))
 	}
 	m.merged = merged
 	m.changed = append(m.changed, changed...)
@@ -274,7 +347,7 @@ func (m *Merger) merge() {
 		conflicts []Conflict
 	)
 	for _, src := range sources {
-		for _, svc := range m.snapshots[src].Services {
+		for _, svc := range m.snapshots[src].svcs.All() {
 			fc, fok := m.frontends[svc.Frontend]
 			nc, nok := m.names[svc.Name]
 			switch {

@@ -50,19 +50,31 @@ func TestBuildPatches(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s, names := testSource(20)
-			last, _, _ := s.build(true)
+			last, _, _, _ := s.build(true)
 			w := s.services[names[3]]
 			w.tr.svc.Backends = slices.Clone(w.tr.svc.Backends)
 			tc.change(s, w)
 			s.dirty[names[3]] = true
-			got, ready, patched := s.build(false)
+			got, ready, patched, changed := s.build(false)
 			if !ready || patched != tc.patched {
 				t.Fatalf("build: ready %v, patched %v; want ready, patched %v", ready, patched, tc.patched)
 			}
 			s.reshaped = true
-			full, _, _ := s.build(false)
+			full, _, _, _ := s.build(false)
 			if !slices.EqualFunc(got, full, lb.Service.Equal) {
 				t.Errorf("patched build differs from a full one:\n%v\n%v", got, full)
+			}
+			// What the merger is told changed is exactly what differs.
+			if patched {
+				var differ []string
+				for i := range got {
+					if !got[i].Equal(last[i]) {
+						differ = append(differ, got[i].Name)
+					}
+				}
+				if !slices.Equal(changed, differ) {
+					t.Errorf("the snapshot says %v changed; %v did", changed, differ)
+				}
 			}
 			if tc.name == "same answer again" && !discovery.SameServices(got, last) {
 				t.Errorf("an unchanged answer gave a new slice: Run would publish it again")
@@ -77,14 +89,14 @@ func TestBuildPatches(t *testing.T) {
 func BenchmarkBuild(b *testing.B) {
 	const n = 10000
 	s, names := testSource(n)
-	last, _, _ := s.build(false)
+	last, _, _, _ := s.build(false)
 	b.ResetTimer()
 	for i := range b.N {
 		w := s.services[names[i%n]]
 		w.tr.svc.Backends = append([]lb.Backend(nil), w.tr.svc.Backends...)
 		w.tr.svc.Backends[0].Weight = uint32(i%7 + 2)
 		s.dirty[names[i%n]] = true
-		svcs, _, patched := s.build(false)
+		svcs, _, patched, _ := s.build(false)
 		if !patched || discovery.SameServices(svcs, last) {
 			b.Fatal("no change seen")
 		}

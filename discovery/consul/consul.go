@@ -273,7 +273,7 @@ func (s *Source) Run(ctx context.Context, out chan<- discovery.Snapshot) error {
 			return nil
 		case <-s.changed:
 		}
-		svcs, ready, patched := s.build(!sent)
+		svcs, ready, patched, changed := s.build(!sent)
 		if !ready {
 			continue
 		}
@@ -283,8 +283,14 @@ func (s *Source) Run(ctx context.Context, out chan<- discovery.Snapshot) error {
 			last = svcs
 			continue
 		}
+		snap := discovery.Snapshot{Source: SourceName, Services: svcs}
+		if patched {
+			// The last snapshot sent with these services replaced in
+			// place: the merger looks at them alone.
+			snap.Changed = changed
+		}
 		select {
-		case out <- discovery.Snapshot{Source: SourceName, Services: svcs}:
+		case out <- snap:
 			last, sent = svcs, true
 		case <-ctx.Done():
 			return nil
@@ -311,15 +317,15 @@ func (s *Source) notify() {
 // build assembles the services to publish from the latest answers. For
 // the first snapshot (first) ready is false until every watch has answered
 // or failed; later, a service whose watch has not answered yet is simply
-// not published yet. patched says the result is the last one with changed
-// services replaced (patchLocked), and is the very same slice when none
-// changed.
-func (s *Source) build(first bool) (svcs []lb.Service, ready, patched bool) {
+// not published yet. patched says the result is the last one with the
+// services named in changed replaced (patchLocked), and is the very same
+// slice when none changed.
+func (s *Source) build(first bool) (svcs []lb.Service, ready, patched bool, changed []string) {
 	s.mu.Lock()
 	if !first {
-		if patch, ok := s.patchLocked(); ok {
+		if patch, changed, ok := s.patchLocked(); ok {
 			s.mu.Unlock()
-			return patch, true, true
+			return patch, true, true, changed
 		}
 	}
 	s.dirty = reset.Map(s.dirty)
@@ -356,7 +362,7 @@ func (s *Source) build(first bool) (svcs []lb.Service, ready, patched bool) {
 	}
 	s.mu.Unlock()
 	if !ready {
-		return nil, false, false
+		return nil, false, false, nil
 	}
 
 	svcs, conflicts := s.claims().resolve(cands)
@@ -385,7 +391,7 @@ func (s *Source) build(first bool) (svcs []lb.Service, ready, patched bool) {
 	s.mu.Lock()
 	s.built, s.builtAt = svcs, at
 	s.mu.Unlock()
-	return svcs, true, false
+	return svcs, true, false, nil
 }
 
 // patchLocked is build for answers that changed services within
@@ -394,31 +400,33 @@ func (s *Source) build(first bool) (svcs []lb.Service, ready, patched bool) {
 // KV are as they were, no definition had a problem, and each changed
 // service translates without problems to the same name and frontend (so
 // no claim moves). It answers false otherwise. When no service differs
-// from the last build, the last build itself is returned.
-func (s *Source) patchLocked() ([]lb.Service, bool) {
+// from the last build, the last build itself is returned. changed names
+// the services replaced.
+func (s *Source) patchLocked() ([]lb.Service, []string, bool) {
 	if s.reshaped || s.built == nil || len(s.problems) > 0 {
-		return nil, false
+		return nil, nil, false
 	}
 	svcs := s.built
-	copied := false
+	changed := []string{}
 	for name := range s.dirty {
 		i, ok := s.builtAt[name]
 		w := s.services[name]
 		if !ok || w == nil || !w.have || !w.tr.ok || len(w.tr.problems) > 0 ||
 			w.tr.svc.Name != name || w.tr.svc.Frontend != svcs[i].Frontend {
-			return nil, false
+			return nil, nil, false
 		}
 		if svcs[i].Equal(w.tr.svc) {
 			continue
 		}
-		if !copied {
-			svcs, copied = slices.Clone(svcs), true
+		if len(changed) == 0 {
+			svcs = slices.Clone(svcs)
 		}
 		svcs[i] = w.tr.svc
+		changed = append(changed, name)
 	}
 	s.dirty = reset.Map(s.dirty)
 	s.built = svcs
-	return svcs, true
+	return svcs, changed, true
 }
 
 // claims is only used from Run's goroutine.

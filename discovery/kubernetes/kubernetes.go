@@ -162,6 +162,12 @@ type Source struct {
 	// lingering backend's end), which only a whole translation follows.
 	dirty map[key]bool
 	full  bool
+	// The Services whose status the writer must look at again, or
+	// statusAll for every one (a whole translation, a new set of
+	// programmed frontends, a new term as the writer): an EndpointSlice
+	// event then costs the writer its own Service, not a walk of all.
+	statusDirty map[key]bool
+	statusAll   bool
 
 	// Run's goroutine only.
 	assigned map[key][]netip.Addr
@@ -203,18 +209,20 @@ func New(cfg *config.Kubernetes, opts Options) (*Source, error) {
 		return nil, fmt.Errorf("kubernetes: cannot set up the client for %s: %v (check discovery.kubernetes.kubeconfig)", rc.Host, err)
 	}
 	return &Source{
-		cfg:        *cfg,
-		opts:       opts,
-		client:     client,
-		log:        opts.Log.With("source", SourceName),
-		host:       rc.Host,
-		changed:    make(chan struct{}, 1),
-		write:      make(chan struct{}, 1),
-		boxKick:    make(chan struct{}, 1),
-		frontends:  map[key][]lb.Frontend{},
-		programmed: map[lb.Frontend]bool{},
-		linger:     newLingering(),
-		dirty:      map[key]bool{},
+		cfg:         *cfg,
+		opts:        opts,
+		client:      client,
+		log:         opts.Log.With("source", SourceName),
+		host:        rc.Host,
+		changed:     make(chan struct{}, 1),
+		write:       make(chan struct{}, 1),
+		boxKick:     make(chan struct{}, 1),
+		frontends:   map[key][]lb.Frontend{},
+		programmed:  map[lb.Frontend]bool{},
+		linger:      newLingering(),
+		dirty:       map[key]bool{},
+		statusDirty: map[key]bool{},
+		statusAll:   true,
 	}, nil
 }
 
@@ -306,14 +314,14 @@ func (s *Source) Run(ctx context.Context, out chan<- discovery.Snapshot) error {
 	expire := time.NewTimer(time.Hour)
 	defer expire.Stop()
 	for {
-		svcs, next, patched := s.build(time.Now())
+		svcs, next, patched, changed := s.build(time.Now())
 		expire.Stop()
 		if !next.IsZero() {
 			expire.Reset(time.Until(next))
 		}
 		if !sent || !discovery.SameServices(svcs, last) && (patched || !slices.EqualFunc(svcs, last, lb.Service.Equal)) {
 			select {
-			case out <- discovery.Snapshot{Source: SourceName, Services: svcs}:
+			case out <- discovery.Snapshot{Source: SourceName, Services: svcs, Changed: changed}:
 				last, sent = svcs, true
 			case <-ctx.Done():
 				return nil
@@ -486,8 +494,9 @@ func (s *Source) kickWriter() {
 // publish, and when a lingering backend expires (zero: none). patched says
 // that only the Services of EndpointSlice events were translated again
 // (patch); the result is then the very same slice as the last one when none
-// of them changed.
-func (s *Source) build(now time.Time) ([]lb.Service, time.Time, bool) {
+// of them changed, and changed names the services it replaced (nil after
+// a whole translation).
+func (s *Source) build(now time.Time) ([]lb.Service, time.Time, bool, []string) {
 	v := s.current()
 	s.mu.Lock()
 	allocate := s.synced && s.failing == nil
@@ -497,19 +506,20 @@ func (s *Source) build(now time.Time) ([]lb.Service, time.Time, bool) {
 	s.full = false
 	s.mu.Unlock()
 	if !full {
-		if svcs, next, ok := s.patch(v, keys, now); ok {
-			return svcs, next, true
+		if svcs, next, changed, ok := s.patch(v, keys, now); ok {
+			return svcs, next, true, changed
 		}
 	}
 	svcs, next := s.translateAll(v, allocate, now)
 	s.built, s.builtFrom, s.builtAllocate = svcs, v, allocate
-	return svcs, next, false
+	return svcs, next, false, nil
 }
 
 // patch is build after EndpointSlice events only: the last translation
 // with those Services translated again (translator.retranslate). It
-// answers false when only a whole translation can tell.
-func (s *Source) patch(v *view, keys []key, now time.Time) ([]lb.Service, time.Time, bool) {
+// answers false when only a whole translation can tell. changed names the
+// services of the last translation it replaced.
+func (s *Source) patch(v *view, keys []key, now time.Time) ([]lb.Service, time.Time, []string, bool) {
 	svcs := make(map[key]*corev1.Service, len(keys))
 	eps := make(map[key][]*discoveryv1.EndpointSlice, len(keys))
 	for _, k := range keys {
@@ -518,12 +528,12 @@ func (s *Source) patch(v *view, keys []key, now time.Time) ([]lb.Service, time.T
 			if apierrors.IsNotFound(err) {
 				continue // a Service event follows, or was seen: a full build
 			}
-			return nil, time.Time{}, false
+			return nil, time.Time{}, nil, false
 		}
 		svcs[k] = svc
 		objs, err := v.byService.ByIndex(indexService, k.String())
 		if err != nil {
-			return nil, time.Time{}, false
+			return nil, time.Time{}, nil, false
 		}
 		for _, o := range objs {
 			if e, ok := o.(*discoveryv1.EndpointSlice); ok {
@@ -537,26 +547,30 @@ func (s *Source) patch(v *view, keys []key, now time.Time) ([]lb.Service, time.T
 	s.mu.Unlock()
 	res, moved, ok := t.retranslate(prev, svcs, eps, keys)
 	if !ok {
-		return nil, time.Time{}, false
+		return nil, time.Time{}, nil, false
 	}
 	out := s.built
-	copied := false
+	changed := []string{}
 	for _, i := range moved {
 		svc := s.linger.one(res.services[i], s.opts.Defaults, s.opts.DrainLinger, now)
 		if out[i].Equal(svc) {
 			continue
 		}
-		if !copied {
-			out, copied = slices.Clone(out), true
+		if len(changed) == 0 {
+			out = slices.Clone(out)
 		}
 		out[i] = svc
+		changed = append(changed, svc.Name)
 	}
 	s.mu.Lock()
 	s.result = &res
+	for _, k := range keys {
+		s.statusDirty[k] = true
+	}
 	s.mu.Unlock()
 	s.kickWriter()
 	s.built = out
-	return out, s.linger.next(), true
+	return out, s.linger.next(), changed, true
 }
 
 // translateAll translates the whole view.
@@ -604,6 +618,7 @@ func (s *Source) translateAll(v *view, allocate bool, now time.Time) ([]lb.Servi
 	old := s.problems
 	s.problems = problems
 	s.result = &res
+	s.statusAll = true
 	for k, o := range res.outcomes {
 		if len(o.frontends) > 0 {
 			s.frontends[k] = o.frontends
@@ -629,6 +644,9 @@ func (s *Source) SetProgrammed(fes []lb.Frontend) {
 	s.mu.Lock()
 	same := reflect.DeepEqual(m, s.programmed)
 	s.programmed = m
+	if !same {
+		s.statusAll = true
+	}
 	s.mu.Unlock()
 	if !same {
 		s.kickWriter()

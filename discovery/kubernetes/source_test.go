@@ -302,6 +302,7 @@ func TestAgainstAPIServer(t *testing.T) {
 	t.Run("ExcludeLabel", func(t *testing.T) { testExcludeLabel(t, c, kc) })
 	t.Run("LocalFollowsPodMove", func(t *testing.T) { testLocalFollowsPodMove(t, c, kc) })
 	t.Run("InvalidAnnotation", func(t *testing.T) { testInvalidAnnotation(t, c, kc) })
+	t.Run("StatusFollowsEndpoints", func(t *testing.T) { testStatusFollowsEndpoints(t, c, kc) })
 	t.Run("OneWriter", func(t *testing.T) { testOneWriter(t, c, kc) })
 	t.Run("FollowerReportsItsDatapath", func(t *testing.T) { testFollowerReports(t, c, kc) })
 	t.Run("PropagationLatency", func(t *testing.T) { testPropagationLatency(t, c, kc) })
@@ -740,4 +741,46 @@ func testFailStatic(t *testing.T, c *kubetest.Cluster, kc string) {
 	// After the resync, changes flow again.
 	createService(t, c, ns, "after")
 	h.waitFor("the Service created after the outage", func(svcs []lb.Service) bool { return len(svcs) == rounds+1 })
+}
+
+// testStatusFollowsEndpoints: the status writer looks again at the Service
+// of an EndpointSlice event (only that Service is marked, not all), so
+// its condition follows its endpoints: NoBackends when the last pod goes,
+// Programmed when one comes back; the other Service's status stays.
+func testStatusFollowsEndpoints(t *testing.T, c *kubetest.Cluster, kc string) {
+	ns := namespace(t, c, "follow")
+	sel := map[string]string{"l4lb-test": "follow"}
+	c.AddNode("follow-1", sel, netip.MustParseAddr("10.9.0.1"))
+	pods := func(s *corev1.Service) { s.Annotations[kubernetes.AnnotationBackends] = "pod" }
+	createService(t, c, ns, "web", pods)
+	createService(t, c, ns, "other", pods)
+	ports := map[string]int32{"http": 8080}
+	pod := kubetest.Endpoint{Addr: netip.MustParseAddr("10.244.9.1"), Node: "follow-1", Ready: true, Serving: true}
+	c.SetEndpoints(ns, "web", ports, pod)
+	c.SetEndpoints(ns, "other", ports, pod)
+
+	h := runSource(t, sourceConfig(kc, "follow", sel), "follow-box", ns)
+	h.waitFor("both services", func(svcs []lb.Service) bool { return len(svcs) == 2 })
+	h.program()
+	reason := func(name string) string {
+		s, ok := getService(t, c, ns, name)
+		if !ok || condition(s) == nil {
+			return ""
+		}
+		return condition(s).Reason
+	}
+	wait := func(want string) {
+		t.Helper()
+		eventually(t, "web's condition "+want, func() (bool, string) {
+			return reason("web") == want, "web " + reason("web") + ", other " + reason("other")
+		})
+		if reason("other") != kubernetes.ReasonProgrammed {
+			t.Errorf("other's condition is %q, want %s", reason("other"), kubernetes.ReasonProgrammed)
+		}
+	}
+	wait(kubernetes.ReasonProgrammed)
+	c.SetEndpoints(ns, "web", ports)
+	wait(kubernetes.ReasonNoBackends)
+	c.SetEndpoints(ns, "web", ports, pod)
+	wait(kubernetes.ReasonProgrammed)
 }

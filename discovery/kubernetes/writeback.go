@@ -64,6 +64,7 @@ func (s *Source) writer(ctx context.Context) {
 	lead := func(lctx context.Context) {
 		s.mu.Lock()
 		s.leader = true
+		s.statusAll = true
 		s.mu.Unlock()
 		s.log.Info("elected to write Service status", "lease", s.cfg.LeaseNamespace+"/"+s.cfg.LeaseName, "identity", s.opts.Identity)
 		s.kickWriter()
@@ -129,22 +130,46 @@ func (s *Source) ready() bool {
 	return s.synced && s.result != nil
 }
 
-// writeAll brings every Service's status and finalizer in line with the
-// latest translation and what the datapath holds. It returns true when a
-// write failed and should be tried again.
-func (s *Source) writeAll(ctx context.Context, rec record.EventRecorder) (retry bool) {
+// writeAll brings the status and finalizer of every Service whose status
+// may have changed (statusDirty, or all of them after statusAll) in line
+// with the latest translation and what the datapath holds. It returns true
+// when a write failed and should be tried again; the Services whose write
+// failed stay marked.
+func (s *Source) writeAll(ctx context.Context, rec record.EventRecorder) bool {
+	v := s.current()
 	s.mu.Lock()
 	res := s.result
 	programmed := s.programmed
 	frontends := maps.Clone(s.frontends)
+	whole, dirty := s.statusAll, s.statusDirty
+	s.statusAll, s.statusDirty = false, map[key]bool{}
 	s.mu.Unlock()
-	all, _ := s.current().services.List(labels.Everything())
+	var todo []*corev1.Service
+	if whole {
+		todo, _ = v.services.List(labels.Everything())
+	} else {
+		for k := range dirty {
+			if svc, err := v.services.Services(k.ns).Get(k.name); err == nil {
+				todo = append(todo, svc)
+			}
+		}
+	}
+	failed := map[key]bool{}
+	defer func() {
+		if len(failed) == 0 {
+			return
+		}
+		s.mu.Lock()
+		maps.Copy(s.statusDirty, failed)
+		s.mu.Unlock()
+	}()
 	t := translator{cfg: s.cfg}
-	for _, svc := range all {
+	for _, svc := range todo {
+		k := keyOf(svc)
 		if ctx.Err() != nil {
+			// A new term starts with every Service.
 			return false
 		}
-		k := keyOf(svc)
 		mine := slices.Contains(svc.Finalizers, Finalizer)
 		switch {
 		case svc.DeletionTimestamp != nil:
@@ -155,7 +180,7 @@ func (s *Source) writeAll(ctx context.Context, rec record.EventRecorder) (retry 
 				continue // still in the datapath
 			}
 			if !s.setFinalizer(ctx, svc, false) {
-				retry = true
+				failed[k] = true
 				continue
 			}
 			s.mu.Lock()
@@ -167,12 +192,12 @@ func (s *Source) writeAll(ctx context.Context, rec record.EventRecorder) (retry 
 				c := svc.DeepCopy()
 				meta.RemoveStatusCondition(&c.Status.Conditions, ConditionProgrammed)
 				if !s.updateStatus(ctx, c) {
-					retry = true
+					failed[k] = true
 					continue
 				}
 			}
 			if mine && !s.setFinalizer(ctx, svc, false) {
-				retry = true
+				failed[k] = true
 			}
 		default:
 			o := res.outcomes[k]
@@ -181,18 +206,18 @@ func (s *Source) writeAll(ctx context.Context, rec record.EventRecorder) (retry 
 			}
 			if !mine {
 				if !s.setFinalizer(ctx, svc, true) {
-					retry = true
+					failed[k] = true
 				}
 				// The update comes back through the informer, and with
 				// it the next round for status.
 				continue
 			}
 			if !s.writeStatus(ctx, rec, svc, o, programmed) {
-				retry = true
+				failed[k] = true
 			}
 		}
 	}
-	return retry
+	return len(failed) > 0
 }
 
 // writeStatus writes ingress and condition when they differ from what the
