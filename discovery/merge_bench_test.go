@@ -1,13 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package discovery
+package discovery_test
 
 import (
-	"fmt"
-	"net/netip"
 	"testing"
 
-	"github.com/l4lb/l4lb/lb"
+	"github.com/l4lb/l4lb/discovery"
+	"github.com/l4lb/l4lb/lb/reconciler/reconcilertest"
 )
 
 // BenchmarkUpdateOneChange is the merger's share of a source's snapshot
@@ -24,16 +23,9 @@ func BenchmarkUpdateOneChange(b *testing.B) {
 		{"hinted/1000", 1000, true}, {"hinted/10000", 10000, true}, {"hinted/100000", 100000, true}} {
 		n := c.n
 		b.Run(c.name, func(b *testing.B) {
-			svcs := make([]lb.Service, n)
-			for i := range svcs {
-				s := lb.Service{Name: fmt.Sprintf("s%06d", i), Frontend: lb.Frontend{Addr: netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)}), Port: 80, Proto: lb.TCP}}
-				for j := range 10 {
-					s.Backends = append(s.Backends, lb.Backend{Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{11, byte(i >> 16), byte(i >> 8), byte(i)}), uint16(8000+j)), Weight: 1})
-				}
-				svcs[i] = s
-			}
-			m := NewMerger()
-			m.Update(Snapshot{Source: "bench", Services: svcs})
+			svcs := reconcilertest.Many(n, 10)
+			m := discovery.NewMerger()
+			m.Update(discovery.Snapshot{Source: "bench", Services: svcs})
 			m.Desired()
 			m.Changes()
 			b.ResetTimer()
@@ -42,7 +34,7 @@ func BenchmarkUpdateOneChange(b *testing.B) {
 				s := svcs[k].Clone()
 				s.Backends[3].Weight = uint32(2 + i%2)
 				svcs[k] = s
-				snap := Snapshot{Source: "bench", Services: svcs}
+				snap := discovery.Snapshot{Source: "bench", Services: svcs}
 				if c.hint {
 					snap.Changed = []string{s.Name}
 				}

@@ -5,7 +5,6 @@ package plan
 import (
 	"fmt"
 	"log/slog"
-	"net/netip"
 	"runtime"
 	"testing"
 	"time"
@@ -30,14 +29,7 @@ func BenchmarkOverridePass(b *testing.B) {
 			d := newTestPlan(b, "[datapath]\ninterfaces = [\"lo\"]\nmode = \"snat\"\n[maglev]\ntable_size = 31\n", reconcilertest.NewFake(), hm)
 			d.rec = reconciler.New(reconciler.Config{Seed: d.cfg.Maglev.Seed, MaxServices: uint32(n), MaxBackends: uint32(10 * n)}, reconcilertest.NewFake(), slog.New(slog.DiscardHandler))
 			d.SetDatapath(d.rec, nil)
-			svcs := make([]lb.Service, n)
-			for i := range svcs {
-				s := lb.Service{Name: fmt.Sprintf("s%06d", i), Frontend: lb.Frontend{Addr: netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)}), Port: 80, Proto: lb.TCP}}
-				for j := range 10 {
-					s.Backends = append(s.Backends, lb.Backend{Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{11, byte(i >> 16), byte(i >> 8), byte(i)}), uint16(8000+j)), Weight: 1})
-				}
-				svcs[i] = s
-			}
+			svcs := reconcilertest.Many(n, 10)
 			d.merger.Update(discovery.Snapshot{Source: "file:bench.toml", Services: svcs})
 			if err := d.apply(); err != nil {
 				b.Fatalf("first pass: %v", err)
