@@ -421,6 +421,18 @@ func (d *Daemon) loop(ctx context.Context) error {
 			waiting := len(d.waitingFor) > 0
 			d.update(snap)
 			d.sourceAnswered(snap.Source)
+			// Snapshots already queued join this pass: a burst of
+			// changes costs one pass, and a single change waits for
+			// nothing.
+			for drained := false; !drained; {
+				select {
+				case snap := <-d.snaps:
+					d.update(snap)
+					d.sourceAnswered(snap.Source)
+				default:
+					drained = true
+				}
+			}
 			if waiting {
 				// The source may have been the last one adopted
 				// services waited for: a full pass decides.
