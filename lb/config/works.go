@@ -157,6 +157,16 @@ func (x VIPIndex) Has(a netip.Addr) bool {
 	return ok
 }
 
+// At lists the positions, in the services indexed, of the services whose
+// VIP is a, in order.
+func (x VIPIndex) At(a netip.Addr) []int {
+	i, ok := x.first[a]
+	if !ok {
+		return nil
+	}
+	return append([]int{i}, x.more[a]...)
+}
+
 func onBoxAt(onBox func(netip.Addr) (string, bool), a netip.Addr) (string, bool) {
 	if onBox == nil {
 		return "", false

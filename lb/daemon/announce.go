@@ -5,7 +5,9 @@ package daemon
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"reflect"
+	"slices"
 	"sync"
 	"time"
 
@@ -34,6 +36,10 @@ type announcers struct {
 	// opened is true once the speaker got its first set (which opens the
 	// sessions).
 	opened bool
+	// complete is true once a decision over every service found every
+	// backend probed: from then on a pass over a few services decides
+	// for their VIPs alone (announceSome).
+	complete bool
 	// recheck fires while some backend waits for its first passed check.
 	recheck *time.Timer
 }
@@ -124,8 +130,72 @@ func announceInputs(svcs cow.Slice[lb.Service], idx plan.Index, states func(heal
 
 // announce applies the rule to the view's services and hands each
 // announcer its set. It runs on the control loop after every pass, with
-// the states the pass programmed.
-func (d *Daemon) announce(v *view) { d.announceWith(v, v.Health.Get) }
+// the states the pass programmed. After a pass over a few services
+// (changed names them; prev is the last view) only their VIPs are decided
+// again.
+func (d *Daemon) announce(v, prev *view, changed []string) {
+	if a := d.ann; changed != nil && prev != nil && a != nil && a.complete {
+		d.announceSome(v, prev, changed)
+		return
+	}
+	d.announceWith(v, v.Health.Get)
+}
+
+// announceSome is announceWith for the VIPs of the services named, whose
+// part of v alone differs from prev: the decision for every other VIP is
+// prev's. Every service on those VIPs is looked at (a VIP is announced when
+// any of its services may be), none else.
+func (d *Daemon) announceSome(v, prev *view, changed []string) {
+	a := d.ann
+	in, addrs, waiting := someInputs(v, changed)
+	if waiting {
+		a.recheck.Reset(recheckEvery)
+	}
+	if a.bgp != nil {
+		v.bgpVIPs = spliceVIPs(prev.bgpVIPs, announce.Decide(in, a.bgp.MinHealthy()), addrs)
+		if err := a.bgp.Set(announce.Announced(v.bgpVIPs)); err != nil {
+			d.log.Error("BGP announcement", "error", err)
+		}
+	}
+	if a.l2 != nil {
+		v.l2VIPs = spliceVIPs(prev.l2VIPs, announce.Decide(in, a.l2.MinHealthy()), addrs)
+		a.l2.Set(announce.Announced(v.l2VIPs))
+	}
+}
+
+// someInputs are announceInputs for every service on the VIPs of the
+// services named, and those VIP addresses.
+func someInputs(v *view, changed []string) (in []announce.Service, addrs []netip.Addr, waiting bool) {
+	var on []lb.Service
+	for _, name := range changed {
+		i, ok := v.Pos[name]
+		if !ok {
+			continue
+		}
+		addr := v.Services.At(i).Frontend.Addr
+		if slices.Contains(addrs, addr) {
+			continue
+		}
+		addrs = append(addrs, addr)
+		for _, j := range v.VIPs.At(addr) {
+			on = append(on, v.Services.At(j))
+		}
+	}
+	in, waiting, _ = announceInputs(cow.SliceOf(on), v.Index, v.Health.Get)
+	return in, addrs, waiting
+}
+
+// spliceVIPs is prev (sorted by address) with its decisions for addrs
+// replaced by fresh's, which holds decisions for those addresses only
+// (none for an address whose every service opts out).
+func spliceVIPs(prev, fresh []announce.VIP, addrs []netip.Addr) []announce.VIP {
+	out := slices.DeleteFunc(slices.Clone(prev), func(v announce.VIP) bool { return slices.Contains(addrs, v.Addr) })
+	for _, v := range fresh {
+		i, _ := slices.BinarySearchFunc(out, v.Addr, func(x announce.VIP, a netip.Addr) int { return x.Addr.Compare(a) })
+		out = slices.Insert(out, i, v)
+	}
+	return out
+}
 
 // reannounce decides again on the current view with the checks' current
 // states, while a backend waits for its first passed check.
@@ -152,6 +222,7 @@ func (d *Daemon) announceWith(v *view, states func(health.Key) (health.Status, b
 	if waiting {
 		a.recheck.Reset(recheckEvery)
 	}
+	a.complete = !unprobed
 	if a.bgp != nil {
 		v.bgpVIPs = announce.Decide(in, a.bgp.MinHealthy())
 		// The first set opens the sessions, and after a restart the

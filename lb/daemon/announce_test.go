@@ -3,12 +3,19 @@
 package daemon
 
 import (
+	"fmt"
+	"maps"
+	"math/rand/v2"
 	"net/netip"
+	"reflect"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/l4lb/l4lb/internal/cow"
 	"github.com/l4lb/l4lb/lb"
+	"github.com/l4lb/l4lb/lb/announce"
+	"github.com/l4lb/l4lb/lb/config"
 	"github.com/l4lb/l4lb/lb/health"
 	"github.com/l4lb/l4lb/lb/plan"
 	"github.com/l4lb/l4lb/lb/reconciler"
@@ -94,5 +101,61 @@ func TestAnnounceInputs(t *testing.T) {
 				t.Errorf("waiting %v, unprobed %v; want %v, %v", waiting, unprobed, tt.wantWaiting, tt.wantUnprobed)
 			}
 		})
+	}
+}
+
+// TestAnnounceSomeEqualsAll: after a pass over a few services, deciding
+// again for their VIPs alone and keeping the last decision for the rest
+// (announceSome) gives the decision over every service, over random
+// services that share VIPs, opt out, lose their entry and flip health.
+func TestAnnounceSomeEqualsAll(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	const n = 40
+	svcs := make([]lb.Service, n)
+	programmed := map[lb.Frontend]*plan.Programmed{}
+	states := map[health.Key]health.Status{}
+	checked := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	randomize := func(i int) {
+		s := lb.Service{Name: fmt.Sprintf("s%d", i), Frontend: lb.Frontend{Addr: netip.AddrFrom4([4]byte{192, 0, 2, byte(i / 3)}), Port: uint16(80 + i%3), Proto: lb.TCP},
+			Health: lb.HealthCheck{Type: lb.HealthTCP}, Announce: lb.Announce{Off: rng.IntN(8) == 0, MinHealthy: rng.IntN(3)}}
+		for j := range 3 {
+			b := lb.Backend{Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, byte(i), byte(j)}), 80), Weight: 1, State: lb.BackendState(rng.IntN(2))}
+			s.Backends = append(s.Backends, b)
+			states[health.Key{Service: s.Name, Backend: b.Addr}] = health.Status{State: health.State(rng.IntN(2)), Passed: true, LastCheck: checked}
+		}
+		svcs[i] = s
+		programmed[s.Frontend] = &plan.Programmed{ServiceState: reconciler.ServiceState{HasEntry: rng.IntN(6) != 0, HasTable: true}}
+	}
+	viewOf := func() *view {
+		pos := map[string]int{}
+		for i, s := range svcs {
+			pos[s.Name] = i
+		}
+		return &view{View: &plan.View{Services: cow.SliceOf(slices.Clone(svcs)), Pos: pos, Index: plan.IndexOf(maps.Clone(programmed)),
+			Health: cow.MapOf(maps.Clone(states)), VIPs: config.IndexVIPs(svcs)}}
+	}
+	all := func(v *view) []announce.VIP {
+		in, _, _ := announceInputs(v.Services, v.Index, v.Health.Get)
+		return announce.Decide(in, 1)
+	}
+	for i := range n {
+		randomize(i)
+	}
+	last := all(viewOf())
+	for step := range 300 {
+		var changed []string
+		for range 1 + rng.IntN(3) {
+			i := rng.IntN(n)
+			randomize(i)
+			changed = append(changed, svcs[i].Name)
+		}
+		v := viewOf()
+		in, addrs, _ := someInputs(v, changed)
+		got := spliceVIPs(last, announce.Decide(in, 1), addrs)
+		want := all(v)
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("step %d, %v changed:\ngot  %+v\nwant %+v", step, changed, got, want)
+		}
+		last = got
 	}
 }

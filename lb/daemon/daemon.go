@@ -768,9 +768,9 @@ func (d *Daemon) publish(res plan.Result) {
 	for _, r := range res.NewRefusals {
 		d.metrics.ServiceRefused(r.Reason)
 	}
-	v := &view{View: res.View, cfg: d.cfg}
-	d.announce(v)
-	d.publishFleet(v)
+	v, prev := &view{View: res.View, cfg: d.cfg}, d.view.Load()
+	d.announce(v, prev, res.Changed)
+	d.publishFleet(v, prev, res.Changed)
 	d.view.Store(v)
 }
 

@@ -32,7 +32,7 @@ func (d *Daemon) startSelfCheck(ctx context.Context, wg *sync.WaitGroup, cfg *co
 		// written back change at once (fleet.go).
 		Unverified: func(map[lb.Frontend]string) {
 			if v := d.view.Load(); v != nil {
-				d.publishFleet(v)
+				d.publishFleet(v, nil, nil)
 			}
 		},
 	})

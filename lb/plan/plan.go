@@ -143,6 +143,10 @@ type Result struct {
 	NextDrain time.Time
 	// NewRefusals are the refusals the last View did not have.
 	NewRefusals []metrics.Refusal
+	// Changed names the services a pass over a few services covered
+	// (nil after a full pass): only their part of the View differs from
+	// the last one.
+	Changed []string
 }
 
 // New returns a plan with no services programmed by it yet.
@@ -396,7 +400,7 @@ func (p *Plan) Services(names []string, flipped []health.Key, now time.Time) (Re
 			delete(p.drainCut, k)
 		}
 	}
-	var res Result
+	res := Result{Changed: names}
 	if !next.IsZero() && (p.drainNext.IsZero() || next.Before(p.drainNext) || !p.drainNext.After(now)) {
 		res.NextDrain = next
 		p.drainNext = next
