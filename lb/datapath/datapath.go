@@ -187,6 +187,9 @@ type LB struct {
 	tombs   tombstones
 	handles tableHandles
 	beWalk  backendWalk
+	// digest hashes Maglev tables in the kernel for the self-check
+	// (digest.go).
+	digest tableDigester
 	// trace is the running trace, if any (trace.go).
 	trace traceState
 }
@@ -576,6 +579,7 @@ func (d *LB) Close() error {
 	d.nh.close()
 	d.closeLegacy()
 	d.handles.closeAll()
+	d.digest.close()
 	d.coll.Close()
 	return errors.Join(errs...)
 }

@@ -166,6 +166,9 @@ func (d *LB) ReadServices(want []reconciler.Expected) ([]reconciler.Found, error
 		return nil, err
 	}
 	out := make([]reconciler.Found, len(want))
+	if err := d.compareTables(want, out); err != nil {
+		return nil, err
+	}
 	for i := range want {
 		if err := d.readService(&want[i], &out[i], ranges); err != nil {
 			return nil, err
@@ -215,18 +218,10 @@ func (d *LB) readService(w *reconciler.Expected, o *reconciler.Found, ranges map
 		}
 	}
 
-	key := uint32(w.ID)
-	var mid ebpf.MapID
-	switch err := d.maglev.Lookup(&key, &mid); {
-	case errors.Is(err, ebpf.ErrKeyNotExist):
-	case err != nil:
-		return fmt.Errorf("read Maglev slot %d: %w", key, err)
-	default:
-		table, ok, err := d.readTableHandle(key, mid)
-		if err != nil {
-			return fmt.Errorf("read Maglev table of service id %d: %w", key, err)
+	if !o.TableSame {
+		if err := d.readSlot(uint32(w.ID), o); err != nil {
+			return err
 		}
-		o.HasTable, o.Table = ok, table
 	}
 
 	o.BackendWas = make([]string, len(w.Backends))
@@ -242,6 +237,23 @@ func (d *LB) readService(w *reconciler.Expected, o *reconciler.Found, ranges map
 		case v != backendValue(b.Backend):
 			o.BackendWas[k] = reconciler.DescribeBackend(backendFromMap(v))
 		}
+	}
+	return nil
+}
+
+// readSlot reads the table in Maglev slot key whole into o.
+func (d *LB) readSlot(key uint32, o *reconciler.Found) error {
+	var mid ebpf.MapID
+	switch err := d.maglev.Lookup(&key, &mid); {
+	case errors.Is(err, ebpf.ErrKeyNotExist):
+	case err != nil:
+		return fmt.Errorf("read Maglev slot %d: %w", key, err)
+	default:
+		table, ok, err := d.readTableHandle(key, mid)
+		if err != nil {
+			return fmt.Errorf("read Maglev table of service id %d: %w", key, err)
+		}
+		o.HasTable, o.Table = ok, table
 	}
 	return nil
 }
