@@ -144,7 +144,7 @@ type LB struct {
 	svcStats     *ebpf.Map
 	backendStats *ebpf.Map
 	reasons      *ebpf.Map
-	txPorts      *ebpf.Map
+	txPorts      *txPortSet
 	inner        *ebpf.MapSpec
 
 	// offline are the maps OpenPinned opened read-only: set only on an
@@ -264,7 +264,7 @@ func Load(cfg Config) (*LB, error) {
 		svcStats:     coll.Maps[bpf.LbMapSvcStats],
 		backendStats: coll.Maps[bpf.LbMapBackendStats],
 		reasons:      coll.Maps[bpf.LbMapReasons],
-		txPorts:      coll.Maps[bpf.LbMapTxPorts],
+		txPorts:      &txPortSet{m: coll.Maps[bpf.LbMapTxPorts]},
 		inner:        spec.Maps[bpf.LbMapMaglev].InnerMap.Copy(),
 		reasonNames:  names,
 		eventNames:   events,

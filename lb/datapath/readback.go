@@ -438,11 +438,18 @@ const mapVIPFilter = "vip_filter"
 
 // CheckDerived implements reconciler.DerivedChecker: the words of the
 // frontend filter (filter.go) are compared with the frontends the datapath
-// wrote, and a word that differs is written again. A bit missing would
+// wrote, and a word that differs is written again (a bit missing would
 // hide a service from every packet; a bit too many costs those packets a
-// lookup.
+// lookup); then the other maps the datapath fills from its own records
+// (ownedcheck.go).
 func (d *LB) CheckDerived() []reconciler.Drift {
-	return d.filter.check()
+	drifts := d.filter.check()
+	if d.words != nil {
+		drifts = append(drifts, d.words.check()...)
+	}
+	drifts = append(drifts, d.nh.check()...)
+	drifts = append(drifts, d.box.check()...)
+	return append(drifts, d.txPorts.check()...)
 }
 
 // check reads every word of the filter and writes back those that differ
