@@ -458,25 +458,13 @@ func (f *vipFilter) check() []reconciler.Drift {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	n := f.mask + 1
-	keys := make([]uint32, n)
-	vals := make([]uint64, n)
-	var (
-		cur  ebpf.MapBatchCursor
-		read int
-	)
-	for read < int(n) {
-		got, err := f.m.BatchLookup(&cur, keys[read:], vals[read:], nil)
-		read += got
-		if errors.Is(err, ebpf.ErrKeyNotExist) {
-			break
-		}
-		if err != nil {
-			return []reconciler.Drift{{Map: mapVIPFilter, Found: "a map that cannot be read", Want: fmt.Sprintf("%d words", n), Err: fmt.Errorf("read the frontend filter: %w", err)}}
-		}
+	vals, err := readArray[uint64](f.m, n)
+	if err != nil {
+		return []reconciler.Drift{{Map: mapVIPFilter, Found: "a map that cannot be read", Want: fmt.Sprintf("%d words", n), Err: fmt.Errorf("read the frontend filter: %w", err)}}
 	}
 	var drifts []reconciler.Drift
-	for k := range read {
-		i := keys[k]
+	for k := range vals {
+		i := uint32(k)
 		want := f.word(i)
 		if vals[k] == want {
 			continue
