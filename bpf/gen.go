@@ -2,7 +2,9 @@
 
 // Package bpf holds the l4lb datapath written in C and its compiled objects,
 // embedded through bpf2go. lb.c is the load balancer (XDP entry point);
-// backend.c is the backend-side companion that accepts DSR traffic. The C
+// backend.c is the backend-side companion that accepts DSR traffic;
+// digest.c hashes Maglev tables for the self-check (run, never attached);
+// floor.c is a benchmark's floor. The C
 // headers under include/ declare the structures shared with Go once; bpf2go
 // generates the Go types from them (the -type flags below).
 //
