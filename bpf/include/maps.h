@@ -74,28 +74,7 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } nexthops SEC(".maps");
 
-/*
- * Service id -> that service's Maglev table, in chunks of MAGLEV_CHUNK ids. The table
- * carries its own size in id 0, so a swapped-in table always matches the
- * size it was built for. The control plane builds a new inner map and
- * replaces the outer element: a packet sees the old table or the new one,
- * never a mix.
- */
-struct maglev_inner {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__type(key, __u32);
-	__type(value, __u32[MAGLEV_CHUNK]);
-	__uint(max_entries, 1);
-	__uint(map_flags, BPF_F_INNER_MAP);
-};
-
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
-	__type(key, __u32);
-	__uint(max_entries, 4097);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-	__array(values, struct maglev_inner);
-} maglev SEC(".maps");
+#include "maglevmap.h"
 
 /*
  * Flow -> backend. An LRU shared by all CPUs, so that its capacity is what

@@ -82,7 +82,7 @@ func (d *LB) AttachXDP(iface string, mode XDPMode) error {
 		d.links[iface] = l
 	}
 	idx := uint32(ifc.Index)
-	if err := d.txPorts.Update(&idx, &idx, ebpf.UpdateAny); err != nil {
+	if err := d.txPorts.add(idx); err != nil {
 		return fmt.Errorf("allow transmit on %s: %w", iface, err)
 	}
 	return nil
@@ -230,7 +230,7 @@ func (d *LB) DetachXDP(iface string) error {
 	err := errors.Join(d.detach(iface, d.linkPin(iface), iface), d.forgetUnattached(iface))
 	if ifc, ierr := net.InterfaceByName(iface); ierr == nil {
 		idx := uint32(ifc.Index)
-		_ = d.txPorts.Delete(&idx)
+		d.txPorts.remove(idx)
 	}
 	return err
 }

@@ -144,7 +144,7 @@ type LB struct {
 	svcStats     *ebpf.Map
 	backendStats *ebpf.Map
 	reasons      *ebpf.Map
-	txPorts      *ebpf.Map
+	txPorts      *txPortSet
 	inner        *ebpf.MapSpec
 
 	// offline are the maps OpenPinned opened read-only: set only on an
@@ -187,6 +187,9 @@ type LB struct {
 	tombs   tombstones
 	handles tableHandles
 	beWalk  backendWalk
+	// digest hashes Maglev tables in the kernel for the self-check
+	// (digest.go).
+	digest tableDigester
 	// trace is the running trace, if any (trace.go).
 	trace traceState
 }
@@ -261,7 +264,7 @@ func Load(cfg Config) (*LB, error) {
 		svcStats:     coll.Maps[bpf.LbMapSvcStats],
 		backendStats: coll.Maps[bpf.LbMapBackendStats],
 		reasons:      coll.Maps[bpf.LbMapReasons],
-		txPorts:      coll.Maps[bpf.LbMapTxPorts],
+		txPorts:      &txPortSet{m: coll.Maps[bpf.LbMapTxPorts]},
 		inner:        spec.Maps[bpf.LbMapMaglev].InnerMap.Copy(),
 		reasonNames:  names,
 		eventNames:   events,
@@ -576,6 +579,7 @@ func (d *LB) Close() error {
 	d.nh.close()
 	d.closeLegacy()
 	d.handles.closeAll()
+	d.digest.close()
 	d.coll.Close()
 	return errors.Join(errs...)
 }

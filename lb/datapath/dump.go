@@ -176,30 +176,15 @@ func readChunks(m *ebpf.Map) ([]reconciler.BackendID, error) {
 	// One batch read per table rather than one lookup per chunk: a
 	// restart reads back every service's table.
 	n := m.MaxEntries()
-	keys := make([]uint32, n)
-	chunks := make([][maglevChunk]uint32, n)
-	var (
-		cur  ebpf.MapBatchCursor
-		read int
-	)
-	for read < int(n) {
-		got, err := m.BatchLookup(&cur, keys[read:], chunks[read:], nil)
-		read += got
-		if errors.Is(err, ebpf.ErrKeyNotExist) {
-			break
-		}
-		if err != nil {
-			return nil, err
-		}
+	chunks, err := readArray[[maglevChunk]uint32](m, n)
+	if err != nil {
+		return nil, err
 	}
-	if read != int(n) {
-		return nil, fmt.Errorf("read %d of the table's %d chunks", read, n)
+	if len(chunks) != int(n) {
+		return nil, fmt.Errorf("read %d of the table's %d chunks", len(chunks), n)
 	}
 	flat := make([]uint32, 0, int(n)*maglevChunk)
-	for i := range chunks[:read] {
-		if keys[i] != uint32(i) {
-			return nil, fmt.Errorf("table chunk %d came back as key %d", i, keys[i])
-		}
+	for i := range chunks {
 		flat = append(flat, chunks[i][:]...)
 	}
 	if len(flat) == 0 {

@@ -144,6 +144,9 @@ type svcWords struct {
 
 	mu  sync.Mutex
 	gen map[uint32]uint32 // service id -> latest generation written
+	// word is what svc_gen holds at each id not 0, as written or adopted:
+	// the self-check's record (check.go).
+	word map[uint32]uint32
 }
 
 const wordGenShift = 8
@@ -154,7 +157,7 @@ func svcWord(gen uint32, mode bpf.LbL4lbMode, dispatch bpf.LbL4lbDispatch) uint3
 
 // readSVCWords loads the generations an earlier l4lbd wrote.
 func readSVCWords(m *ebpf.Map, cache *cacheGen) (*svcWords, error) {
-	w := &svcWords{m: m, cache: cache, gen: map[uint32]uint32{}}
+	w := &svcWords{m: m, cache: cache, gen: map[uint32]uint32{}, word: map[uint32]uint32{}}
 	var (
 		k, v uint32
 	)
@@ -162,6 +165,7 @@ func readSVCWords(m *ebpf.Map, cache *cacheGen) (*svcWords, error) {
 	for it.Next(&k, &v) {
 		if v != 0 {
 			w.gen[k] = v >> wordGenShift
+			w.word[k] = v
 		}
 	}
 	if err := it.Err(); err != nil {
@@ -196,6 +200,7 @@ func (w *svcWords) set(id, word uint32) error {
 	if err := w.m.Update(&id, &word, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("write the word of service id %d: %w", id, err)
 	}
+	w.word[id] = word
 	return w.cache.bump()
 }
 
@@ -207,6 +212,7 @@ func (w *svcWords) retire(id uint32) error {
 	if err := w.m.Update(&id, &word, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("retire the word of service id %d: %w", id, err)
 	}
+	w.word[id] = word
 	return w.cache.bump()
 }
 
@@ -240,6 +246,7 @@ func (w *svcWords) ensure(live map[uint32]bpf.LbSvcValue) (map[uint32]uint32, er
 		if err := w.m.Update(&id, &word, ebpf.UpdateAny); err != nil {
 			return nil, fmt.Errorf("write the word of service id %d: %w", id, err)
 		}
+		w.word[id] = word
 		words[id] = word
 	}
 	for id, word := range cur {
@@ -250,6 +257,7 @@ func (w *svcWords) ensure(live map[uint32]bpf.LbSvcValue) (map[uint32]uint32, er
 		if err := w.m.Update(&id, &word, ebpf.UpdateAny); err != nil {
 			return nil, fmt.Errorf("retire the word of service id %d: %w", id, err)
 		}
+		w.word[id] = word
 	}
 	// Whatever was written, nothing cached may outlive it.
 	return words, w.cache.bump()

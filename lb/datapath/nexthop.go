@@ -409,6 +409,16 @@ func (n *nextHops) writeHopLocked(k hopKey, h *hop) {
 
 // writeRouteLocked writes backend id's route (r nil: none).
 func (n *nextHops) writeRouteLocked(id uint32, r *addrRoute) {
+	v := n.routeLocked(r)
+	if err := n.routes.Update(&id, &v, ebpf.UpdateAny); err != nil {
+		n.log.Warn("could not write a backend's route; its traffic takes bpf_fib_lookup", "backend_id", id, "error", err)
+	}
+	n.written = true
+}
+
+// routeLocked is the backend_routes entry of a backend whose route is r
+// (nil: none).
+func (n *nextHops) routeLocked(r *addrRoute) bpf.LbBackendRoute {
 	var v bpf.LbBackendRoute
 	if r != nil {
 		v.Mtu = r.mtu
@@ -419,10 +429,7 @@ func (n *nextHops) writeRouteLocked(id uint32, r *addrRoute) {
 			}
 		}
 	}
-	if err := n.routes.Update(&id, &v, ebpf.UpdateAny); err != nil {
-		n.log.Warn("could not write a backend's route; its traffic takes bpf_fib_lookup", "backend_id", id, "error", err)
-	}
-	n.written = true
+	return v
 }
 
 // unlock releases n.mu, first ending the CPUs' cached copies of whatever

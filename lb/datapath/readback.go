@@ -166,6 +166,9 @@ func (d *LB) ReadServices(want []reconciler.Expected) ([]reconciler.Found, error
 		return nil, err
 	}
 	out := make([]reconciler.Found, len(want))
+	if err := d.compareTables(want, out); err != nil {
+		return nil, err
+	}
 	for i := range want {
 		if err := d.readService(&want[i], &out[i], ranges); err != nil {
 			return nil, err
@@ -215,18 +218,10 @@ func (d *LB) readService(w *reconciler.Expected, o *reconciler.Found, ranges map
 		}
 	}
 
-	key := uint32(w.ID)
-	var mid ebpf.MapID
-	switch err := d.maglev.Lookup(&key, &mid); {
-	case errors.Is(err, ebpf.ErrKeyNotExist):
-	case err != nil:
-		return fmt.Errorf("read Maglev slot %d: %w", key, err)
-	default:
-		table, ok, err := d.readTableHandle(key, mid)
-		if err != nil {
-			return fmt.Errorf("read Maglev table of service id %d: %w", key, err)
+	if !o.TableSame {
+		if err := d.readSlot(uint32(w.ID), o); err != nil {
+			return err
 		}
-		o.HasTable, o.Table = ok, table
 	}
 
 	o.BackendWas = make([]string, len(w.Backends))
@@ -242,6 +237,23 @@ func (d *LB) readService(w *reconciler.Expected, o *reconciler.Found, ranges map
 		case v != backendValue(b.Backend):
 			o.BackendWas[k] = reconciler.DescribeBackend(backendFromMap(v))
 		}
+	}
+	return nil
+}
+
+// readSlot reads the table in Maglev slot key whole into o.
+func (d *LB) readSlot(key uint32, o *reconciler.Found) error {
+	var mid ebpf.MapID
+	switch err := d.maglev.Lookup(&key, &mid); {
+	case errors.Is(err, ebpf.ErrKeyNotExist):
+	case err != nil:
+		return fmt.Errorf("read Maglev slot %d: %w", key, err)
+	default:
+		table, ok, err := d.readTableHandle(key, mid)
+		if err != nil {
+			return fmt.Errorf("read Maglev table of service id %d: %w", key, err)
+		}
+		o.HasTable, o.Table = ok, table
 	}
 	return nil
 }
@@ -426,11 +438,18 @@ const mapVIPFilter = "vip_filter"
 
 // CheckDerived implements reconciler.DerivedChecker: the words of the
 // frontend filter (filter.go) are compared with the frontends the datapath
-// wrote, and a word that differs is written again. A bit missing would
+// wrote, and a word that differs is written again (a bit missing would
 // hide a service from every packet; a bit too many costs those packets a
-// lookup.
+// lookup); then the other maps the datapath fills from its own records
+// (ownedcheck.go).
 func (d *LB) CheckDerived() []reconciler.Drift {
-	return d.filter.check()
+	drifts := d.filter.check()
+	if d.words != nil {
+		drifts = append(drifts, d.words.check()...)
+	}
+	drifts = append(drifts, d.nh.check()...)
+	drifts = append(drifts, d.box.check()...)
+	return append(drifts, d.txPorts.check()...)
 }
 
 // check reads every word of the filter and writes back those that differ
@@ -439,25 +458,13 @@ func (f *vipFilter) check() []reconciler.Drift {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	n := f.mask + 1
-	keys := make([]uint32, n)
-	vals := make([]uint64, n)
-	var (
-		cur  ebpf.MapBatchCursor
-		read int
-	)
-	for read < int(n) {
-		got, err := f.m.BatchLookup(&cur, keys[read:], vals[read:], nil)
-		read += got
-		if errors.Is(err, ebpf.ErrKeyNotExist) {
-			break
-		}
-		if err != nil {
-			return []reconciler.Drift{{Map: mapVIPFilter, Found: "a map that cannot be read", Want: fmt.Sprintf("%d words", n), Err: fmt.Errorf("read the frontend filter: %w", err)}}
-		}
+	vals, err := readArray[uint64](f.m, n)
+	if err != nil {
+		return []reconciler.Drift{{Map: mapVIPFilter, Found: "a map that cannot be read", Want: fmt.Sprintf("%d words", n), Err: fmt.Errorf("read the frontend filter: %w", err)}}
 	}
 	var drifts []reconciler.Drift
-	for k := range read {
-		i := keys[k]
+	for k := range vals {
+		i := uint32(k)
 		want := f.word(i)
 		if vals[k] == want {
 			continue

@@ -34,7 +34,7 @@ func cpuTime(b *testing.B) time.Duration {
 //	paced     one pass as l4lbd runs it, resting at the default share
 //	repair    a rotated table row found and rewritten by an unpaced pass
 func BenchmarkSelfCheck(b *testing.B) {
-	for _, sz := range []struct{ n, table int }{{1000, 1021}, {10000, 1021}, {1000, 16381}} {
+	for _, sz := range []struct{ n, table int }{{1000, 1021}, {10000, 1021}, {1000, 16381}, {10000, 16381}} {
 		n := sz.n
 		b.Run(fmt.Sprintf("%d/table=%d", n, sz.table), func(b *testing.B) {
 			e := newEnvWith(b, envOptions{maxServices: uint32(n), maxBackends: uint32(n * 10)})

@@ -16,6 +16,7 @@ import (
 
 	"github.com/l4lb/l4lb/bpf"
 	"github.com/l4lb/l4lb/lb"
+	"github.com/l4lb/l4lb/lb/datapath"
 	"github.com/l4lb/l4lb/lb/reconciler"
 )
 
@@ -345,5 +346,86 @@ func TestSelfCheckRepairsFrontendFilter(t *testing.T) {
 	}
 	if n := e.misrouted(t, a, 3100); n != 0 {
 		t.Errorf("%d of 32 flows misrouted after the repair", n)
+	}
+}
+
+// TestTablesComparedInKernel checks the self-check's kernel-side table
+// comparison (digest.go, bpf/digest.c): a slot holding the record's table
+// is found the same without being read, for sizes around the chunk
+// boundaries and the default size; a slot holding anything else (one slot
+// changed, another size, a word past the table's end changed behind
+// l4lbd's back, no table, the empty table a delete leaves) is read whole,
+// and what it holds comes back.
+func TestTablesComparedInKernel(t *testing.T) {
+	dir := pinDir(t, "digest")
+	e := newEnvWith(t, envOptions{pinPath: dir})
+	table := func(n int) []reconciler.BackendID {
+		out := make([]reconciler.BackendID, n)
+		for i := range out {
+			out[i] = reconciler.BackendID(1 + i*7%5)
+		}
+		return out
+	}
+	ask := func(id reconciler.ServiceID, want []reconciler.BackendID) reconciler.Found {
+		t.Helper()
+		f, err := e.lb.ReadServices([]reconciler.Expected{{ID: id, HasTable: true, Table: want}})
+		if err != nil || len(f) != 1 {
+			t.Fatalf("ReadServices(slot %d): %v, %v", id, f, err)
+		}
+		return f[0]
+	}
+	var id reconciler.ServiceID = 1
+	for _, n := range []int{1, 14, 15, 16, 17, 31, 127, 128, 129, 251, 16381} {
+		want := table(n)
+		if err := e.lb.SetTable(id, want); err != nil {
+			t.Fatal(err)
+		}
+		if f := ask(id, want); !f.TableSame || f.HasTable {
+			t.Errorf("%d slots, the same table: %+v, want TableSame and nothing read", n, f)
+		}
+		changed := slices.Clone(want)
+		changed[n-1]++
+		if f := ask(id, changed); f.TableSame || !slices.Equal(f.Table, want) {
+			t.Errorf("%d slots, last slot differs: TableSame %t, read %d slots; want the table read", n, f.TableSame, len(f.Table))
+		}
+		if f := ask(id, want[:n-1]); f.TableSame || !slices.Equal(f.Table, want) {
+			t.Errorf("%d slots, asked for one slot fewer: TableSame %t; want the table read", n, f.TableSame)
+		}
+		id++
+	}
+
+	// A word past the table's end, which no packet reads, written
+	// through the pin: not the same, but reads back as the same table.
+	want := table(20)
+	if err := e.lb.SetTable(id, want); err != nil {
+		t.Fatal(err)
+	}
+	inner := pinned(t, dir, "maglev_tables", strconv.Itoa(int(id)))
+	var chunk [datapath.MaglevChunk]uint32
+	key := uint32(1)
+	if err := inner.Lookup(&key, &chunk); err != nil {
+		t.Fatal(err)
+	}
+	chunk[datapath.MaglevChunk-1] = 99
+	if err := inner.Update(&key, &chunk, ebpf.UpdateExist); err != nil {
+		t.Fatal(err)
+	}
+	if f := ask(id, want); f.TableSame || !f.HasTable || !slices.Equal(f.Table, want) {
+		t.Errorf("padding changed: %+v; want the table read whole and equal", f)
+	}
+
+	// A slot with no table, and one with the empty table a delete leaves.
+	id++
+	if f := ask(id, want); f.TableSame || f.HasTable {
+		t.Errorf("no table: %+v, want none found", f)
+	}
+	if err := e.lb.SetTable(id, want); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.lb.DeleteTable(id); err != nil {
+		t.Fatal(err)
+	}
+	if f := ask(id, want); f.TableSame || f.HasTable {
+		t.Errorf("deleted table: %+v, want none found", f)
 	}
 }

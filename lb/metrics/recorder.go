@@ -39,9 +39,12 @@ type Recorder struct {
 }
 
 // DriftMaps are the values of the map label of l4lb_datapath_drift_total:
-// the maps the self-check reads back (reconciler.Map*, and the datapath's
-// frontend filter).
-var DriftMaps = []string{"services", "src_ranges", "backends", "maglev", "vip_filter"}
+// the maps the self-check reads back (reconciler.Map*, and the maps the
+// datapath fills from its own records: the frontend filter, the service
+// words, next hops and backend routes, the box's addresses and MACs, the
+// XDP transmit ports).
+var DriftMaps = []string{"services", "src_ranges", "backends", "maglev", "vip_filter",
+	"svc_gen", "nexthops", "backend_routes", "local_addrs", "ingress_macs", "tx_ports"}
 
 // NewRecorder returns a Recorder; register it (NewRegistry does) to expose
 // its metrics.
@@ -74,7 +77,7 @@ func NewRecorder() *Recorder {
 		}, []string{labelReason}),
 		drift: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "l4lb_datapath_drift_total",
-			Help: "Differences the self-check found between a control-plane map and what l4lbd programmed, by map (services, src_ranges, backends, maglev, vip_filter); l4lbd writes each back, and l4lb_datapath_drift_repair_failures_total counts those it could not.",
+			Help: "Differences the self-check found between a control-plane map and what l4lbd programmed, by map (services, src_ranges, backends, maglev, vip_filter, svc_gen, nexthops, backend_routes, local_addrs, ingress_macs, tx_ports); l4lbd writes each back, and l4lb_datapath_drift_repair_failures_total counts those it could not.",
 		}, []string{labelMap}),
 		driftUnrepaired: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "l4lb_datapath_drift_repair_failures_total",

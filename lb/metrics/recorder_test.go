@@ -35,17 +35,29 @@ l4lb_datapath_check_last_pass_seconds 1.5
 l4lb_datapath_check_last_pass_timestamp_seconds 1.7673232255e+09
 # HELP l4lb_datapath_drift_repair_failures_total Differences the self-check found but could not write back, by map; the next pass tries again.
 # TYPE l4lb_datapath_drift_repair_failures_total counter
+l4lb_datapath_drift_repair_failures_total{map="backend_routes"} 0
 l4lb_datapath_drift_repair_failures_total{map="backends"} 0
+l4lb_datapath_drift_repair_failures_total{map="ingress_macs"} 0
+l4lb_datapath_drift_repair_failures_total{map="local_addrs"} 0
 l4lb_datapath_drift_repair_failures_total{map="maglev"} 1
+l4lb_datapath_drift_repair_failures_total{map="nexthops"} 0
 l4lb_datapath_drift_repair_failures_total{map="services"} 0
 l4lb_datapath_drift_repair_failures_total{map="src_ranges"} 0
+l4lb_datapath_drift_repair_failures_total{map="svc_gen"} 0
+l4lb_datapath_drift_repair_failures_total{map="tx_ports"} 0
 l4lb_datapath_drift_repair_failures_total{map="vip_filter"} 0
-# HELP l4lb_datapath_drift_total Differences the self-check found between a control-plane map and what l4lbd programmed, by map (services, src_ranges, backends, maglev, vip_filter); l4lbd writes each back, and l4lb_datapath_drift_repair_failures_total counts those it could not.
+# HELP l4lb_datapath_drift_total Differences the self-check found between a control-plane map and what l4lbd programmed, by map (services, src_ranges, backends, maglev, vip_filter, svc_gen, nexthops, backend_routes, local_addrs, ingress_macs, tx_ports); l4lbd writes each back, and l4lb_datapath_drift_repair_failures_total counts those it could not.
 # TYPE l4lb_datapath_drift_total counter
+l4lb_datapath_drift_total{map="backend_routes"} 0
 l4lb_datapath_drift_total{map="backends"} 0
+l4lb_datapath_drift_total{map="ingress_macs"} 0
+l4lb_datapath_drift_total{map="local_addrs"} 0
 l4lb_datapath_drift_total{map="maglev"} 2
+l4lb_datapath_drift_total{map="nexthops"} 0
 l4lb_datapath_drift_total{map="services"} 1
 l4lb_datapath_drift_total{map="src_ranges"} 0
+l4lb_datapath_drift_total{map="svc_gen"} 0
+l4lb_datapath_drift_total{map="tx_ports"} 0
 l4lb_datapath_drift_total{map="vip_filter"} 0
 # HELP l4lb_config_last_reload_success_timestamp_seconds Unix time of the last successful configuration load (the initial one included).
 # TYPE l4lb_config_last_reload_success_timestamp_seconds gauge

@@ -104,6 +104,11 @@ type Expected struct {
 	Entry *lb.Service
 	// Backends are the programmed backend entries.
 	Backends []BackendEntry
+	// HasTable and Table are the programmed table, which a datapath may
+	// compare where it lives rather than hand it back (Found.TableSame).
+	// The slice is the record's: read it, never keep or change it.
+	HasTable bool
+	Table    []BackendID
 }
 
 // Found is what the datapath holds for one Expected.
@@ -114,9 +119,12 @@ type Found struct {
 	// EntryWas then says what the datapath held.
 	EntryDrift string
 	EntryWas   string
-	// HasTable and Table are the slot's table.
-	HasTable bool
-	Table    []BackendID
+	// TableSame is true when the datapath compared the slot's table with
+	// Expected.Table and found it the same; HasTable and Table are then
+	// not set. Else HasTable and Table are the slot's table.
+	TableSame bool
+	HasTable  bool
+	Table     []BackendID
 	// BackendWas[k] is "" when the entry at Expected.Backends[k].ID is as
 	// expected, else what it held.
 	BackendWas []string
@@ -268,6 +276,7 @@ func (c *Check) services(lo, hi ServiceID) ([]Drift, error) {
 		if v.hasEntry {
 			e.Entry = &v.entry
 		}
+		e.HasTable, e.Table = v.hasTable, v.table
 		c.want = append(c.want, e)
 		c.owned = append(c.owned, v)
 	}
@@ -325,6 +334,7 @@ func (c *Check) repair(v *service, e *Expected, f *Found) []Drift {
 	}
 	var tableErr error
 	switch {
+	case v.hasTable && f.TableSame:
 	case v.hasTable && !f.HasTable:
 		d := drift(MapMaglev, uint32(v.id), "no table", fmt.Sprintf("%d slots", len(v.table)))
 		d.Err = r.dp.SetTable(v.id, v.table)

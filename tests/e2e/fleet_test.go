@@ -11,11 +11,17 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
+
+	"github.com/l4lb/l4lb/bpf"
 	"github.com/l4lb/l4lb/internal/testnet"
+	"github.com/l4lb/l4lb/lb"
 	"github.com/l4lb/l4lb/lb/api"
 	"github.com/l4lb/l4lb/tests/topo"
 )
@@ -220,4 +226,67 @@ func grepLines(s, sub string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// TestFleetFlagsUnrepairedDrift: two boxes agree on paper (the same
+// config), but on lb2 a row of web's Maglev table is changed behind
+// l4lbd's back and the maps are frozen (BPF_MAP_FREEZE, as `bpftool map
+// freeze` does), so the self-check finds the change and cannot write the
+// table back. lb2 then publishes for web a fingerprint of what its kernel
+// holds rather than what it programmed, lb1 flags web on lb2 (status and
+// `l4lbctl fleet`), and api, untouched, stays in agreement.
+func TestFleetFlagsUnrepairedDrift(t *testing.T) {
+	tp := topo.New(t, topo.Options{LBs: 2, Backends: 2})
+	consulAddr := startConsul(t, tp.Client)
+	lb1, lb2 := tp.LBs[0], tp.LBs[1]
+	cfg := func(h *topo.Host) string {
+		return strings.Replace(fleetBoxConfig(h, consulAddr, 251), "[daemon]\n", "[daemon]\nself_check_interval = \"500ms\"\n", 1)
+	}
+	d1 := lb1.StartL4LBD(l4lbd(), cfg(lb1))
+	d2 := lb2.StartL4LBD(l4lbd(), cfg(lb2))
+	both := func(f api.Fleet, st api.Status) bool { return len(f.Boxes) == 2 && len(st.FleetWarnings) == 0 }
+	waitFleet(t, d1, "seeing both boxes in agreement", 60*time.Second, both)
+
+	p := pins{t: t, dir: d2.PinDir}
+	web := lb.Frontend{Addr: vip4, Port: 80, Proto: lb.TCP}
+	s, err := p.snapshot(web)
+	if err != nil {
+		t.Fatal(err)
+	}
+	table := p.open("maglev_tables", strconv.FormatUint(uint64(s.entry.Id), 10))
+	p.rotateRow(s, 2)
+	changed := time.Now()
+	for _, m := range []*ebpf.Map{table, p.open(bpf.LbMapMaglev)} {
+		if err := m.Freeze(); err != nil {
+			t.Fatalf("freeze %v: %v", m, err)
+		}
+	}
+	flagged := waitFleet(t, d1, "flagging web on lb2", 60*time.Second, func(_ api.Fleet, st api.Status) bool {
+		for _, w := range st.FleetWarnings {
+			if strings.Contains(w, "service web") && strings.Contains(w, "lb2=drift-") {
+				return true
+			}
+		}
+		return false
+	})
+	t.Logf("MEASURE unrepaired drift on lb2 -> lb1 flags it: %s", flagged.Sub(changed).Round(time.Millisecond))
+	st, err := d1.API().Status(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.FleetWarnings) != 1 {
+		t.Errorf("lb1 warnings = %q, want only web's", st.FleetWarnings)
+	}
+	out, err := fleetctl(t, nil, "--socket", d1.Socket, "fleet")
+	if err != nil || !strings.Contains(out, "MISMATCH service web") || !strings.Contains(out, "drift-") || strings.Contains(out, "MISMATCH service api") {
+		t.Errorf("l4lbctl fleet on lb1 does not name web on lb2 alone: %v\n%s", err, out)
+	}
+	t.Logf("l4lbctl fleet on lb1:\n%s", out)
+	m, err := httpGetIn(lb2.NS, "http://"+lb2.Addr4.String()+":9842/metrics")
+	if err != nil || !regexp.MustCompile(`(?m)^l4lb_datapath_drift_repair_failures_total\{map="maglev"\} [1-9]`).MatchString(m) {
+		t.Errorf("lb2 counts no failed maglev repair: %v\n%s", err, grepLines(m, "drift"))
+	}
+	if now, err := p.snapshot(web); err != nil || now.equal(s) {
+		t.Errorf("web's table on lb2 was written back through frozen maps (%v): the test does not test an unrepaired drift", err)
+	}
 }
