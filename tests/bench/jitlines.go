@@ -47,6 +47,16 @@ func writeJITLines(w io.Writer, prog *ebpf.Program) error {
 	if len(lines) != len(addrs) {
 		return fmt.Errorf("program %s: %d line-info records but %d JIT addresses", info.Name, len(lines), len(addrs))
 	}
+	// The functions' extents first, so that a reader counts only addresses
+	// inside them (jitRange).
+	starts, ok1 := info.JitedKsymAddrs()
+	lens, ok2 := info.JitedFuncLens()
+	if !ok1 || !ok2 || len(starts) != len(lens) {
+		return fmt.Errorf("program %s: the kernel gave no JIT function extents", info.Name)
+	}
+	for i, a := range starts {
+		fmt.Fprintf(w, "range %x %x\n", a, uint64(a)+uint64(lens[i]))
+	}
 	for i, a := range addrs {
 		l := lines[i].Line
 		fmt.Fprintf(w, "%x %s:%d %s\n", a, l.FileName(), l.LineNumber(), strings.TrimSpace(l.Line()))
@@ -60,31 +70,41 @@ type jitLine struct {
 	line string
 }
 
-func readJITLines(path string) ([]jitLine, error) {
+// jitRange is a JITed function's extent, [start, end).
+type jitRange struct{ start, end uint64 }
+
+// jitMap is a -jitlines file: its lines sorted by address, and the
+// functions they belong to.
+type jitMap struct {
+	lines  []jitLine
+	ranges []jitRange
+}
+
+func readJITLines(path string) (*jitMap, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	var out []jitLine
+	m := &jitMap{}
 	sc := bufio.NewScanner(f)
 	sc.Buffer(nil, 1<<20)
 	for sc.Scan() {
+		var r jitRange
+		if _, err := fmt.Sscanf(sc.Text(), "range %x %x", &r.start, &r.end); err == nil {
+			m.ranges = append(m.ranges, r)
+			continue
+		}
 		a, rest, ok := strings.Cut(sc.Text(), " ")
 		addr, err := strconv.ParseUint(a, 16, 64)
 		if !ok || err != nil {
 			return nil, fmt.Errorf("%s: not a -jitlines file: %q", path, sc.Text())
 		}
-		out = append(out, jitLine{addr, rest})
+		m.lines = append(m.lines, jitLine{addr, rest})
 	}
-	slices.SortFunc(out, func(x, y jitLine) int { return cmp.Compare(x.addr, y.addr) })
-	return out, sc.Err()
+	slices.SortFunc(m.lines, func(x, y jitLine) int { return cmp.Compare(x.addr, y.addr) })
+	return m, sc.Err()
 }
-
-// maxLineSpan is the farthest a sampled address may lie past its line's
-// first instruction and still be counted to it: more, and it belongs to a
-// program the map does not cover.
-const maxLineSpan = 4096
 
 // hotLines reads `perf script -F ip,sym` (with call chains) from r and
 // counts each sample whose chain passes through an LB program (the
@@ -92,7 +112,7 @@ const maxLineSpan = 4096
 // of its address when the sample is in the program itself, else to the
 // kernel function it was in (a map lookup's bucket walk, say). It returns
 // the counts, hottest first, and their total.
-func hotLines(r io.Reader, jit []jitLine) ([]lineShare, int, error) {
+func hotLines(r io.Reader, jit *jitMap) ([]lineShare, int, error) {
 	counts := map[string]int{}
 	total := 0
 	var block [][]string
@@ -105,24 +125,16 @@ func hotLines(r io.Reader, jit []jitLine) ([]lineShare, int, error) {
 		if in < 0 {
 			return
 		}
-		leaf := block[0]
+		// The program frame must be one of the map's: another process
+		// running an LB object (a second bench) has programs of its own.
+		line, ok := lineOf(jit, block[in][0])
+		if !ok {
+			return
+		}
 		if in > 0 {
-			counts["[kernel] "+strings.Join(leaf[1:], " ")]++
-			total++
-			return
+			line = "[kernel] " + strings.Join(block[0][1:], " ")
 		}
-		ip, err := strconv.ParseUint(leaf[0], 16, 64)
-		if err != nil {
-			return
-		}
-		i, found := slices.BinarySearchFunc(jit, ip, func(x jitLine, ip uint64) int { return cmp.Compare(x.addr, ip) })
-		if !found {
-			i--
-		}
-		if i < 0 || ip-jit[i].addr > maxLineSpan {
-			return
-		}
-		counts[jit[i].line]++
+		counts[line]++
 		total++
 	}
 	sc := bufio.NewScanner(r)
@@ -142,6 +154,26 @@ func hotLines(r io.Reader, jit []jitLine) ([]lineShare, int, error) {
 	}
 	slices.SortFunc(out, func(x, y lineShare) int { return cmp.Or(cmp.Compare(y.n, x.n), cmp.Compare(x.line, y.line)) })
 	return out, total, sc.Err()
+}
+
+// lineOf is the line of the map that the address (hex) falls in; none
+// when it is in no function of the map.
+func lineOf(jit *jitMap, addr string) (string, bool) {
+	ip, err := strconv.ParseUint(addr, 16, 64)
+	if err != nil {
+		return "", false
+	}
+	if !slices.ContainsFunc(jit.ranges, func(r jitRange) bool { return r.start <= ip && ip < r.end }) {
+		return "", false
+	}
+	i, found := slices.BinarySearchFunc(jit.lines, ip, func(x jitLine, ip uint64) int { return cmp.Compare(x.addr, ip) })
+	if !found {
+		i--
+	}
+	if i < 0 {
+		return "", false
+	}
+	return jit.lines[i].line, true
 }
 
 // lbSymbol tells whether a perf symbol is one of the LB object's programs.

@@ -7,14 +7,18 @@ import (
 	"testing"
 )
 
-// TestHotLines feeds hotLines what `perf script -F ip,sym` prints for four
+// TestHotLines feeds hotLines what `perf script -F ip,sym` prints for five
 // samples: two in the program (one past the last line's start, one on a
-// line's first byte), one in a kernel function it called, one elsewhere.
+// line's first byte), one in a kernel function it called, one elsewhere,
+// and one in a kernel function called by another process's LB program.
 func TestHotLines(t *testing.T) {
-	jit := []jitLine{
-		{0xffffffffc0001000, "./lb.c:10 a"},
-		{0xffffffffc0001010, "./lb.c:11 b"},
-		{0xffffffffc0001040, "./include/x.h:3 c"},
+	jit := &jitMap{
+		lines: []jitLine{
+			{0xffffffffc0001000, "./lb.c:10 a"},
+			{0xffffffffc0001010, "./lb.c:11 b"},
+			{0xffffffffc0001040, "./include/x.h:3 c"},
+		},
+		ranges: []jitRange{{0xffffffffc0001000, 0xffffffffc0001080}},
 	}
 	perf := `
 	ffffffffc0001018 bpf_prog_0123456789abcdef_lb_process_xdp
@@ -29,6 +33,9 @@ func TestHotLines(t *testing.T) {
 
 	ffffffff813ae493 finish_task_switch.isra.0
 	ffffffff822587c4 __schedule
+
+	ffffffff814eec09 lookup_nulls_elem_raw
+	ffffffffc0001080 bpf_prog_aaaaaaaaaaaaaaaa_lb_process_xdp
 `
 	got, total, err := hotLines(strings.NewReader(perf), jit)
 	if err != nil {
