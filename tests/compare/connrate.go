@@ -6,7 +6,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net/netip"
 	"slices"
 	"sync"
 	"time"
@@ -66,18 +65,9 @@ const connRateRounds = 3
 // kernel spends around the program (the veth's receive, the redirect),
 // which is the same for any XDP program on this topology.
 func connRate(ctx context.Context, r *rig, o options, p *progress) []ConnRateRound {
-	eps := []netip.AddrPort{r.backendAddr(0, 7002), r.backendAddr(1, 7002)}
-	r.stopAll()
-	for _, a := range eps {
-		r.serve(a)
-	}
+	eps := r.serveOnly(7002)
 	defer r.stopAll()
-	c := r.l4Config(r.fillerWorkload(1, 1, eps), l4Conntrack)
-	if r.d == nil {
-		r.startL4LBD(c)
-	} else {
-		r.l4Reload(c)
-	}
+	r.l4Apply(r.l4Config(r.fillerWorkload(1, 1, eps), l4Conntrack))
 	r.via(r.l4)
 	prog, err := r.xdpProgram()
 	if err != nil {
