@@ -26,8 +26,9 @@ import (
 // theirs: where the kernel put one datapath's maps moves every path of it
 // by 5-10% against a second load of the very same object (the control),
 // which no number of rounds averages away. only, when not nil, picks the
-// paths timed by name (to profile one, say).
-func benchAB(t *testnet.Script, objs [][]byte, names []string, k hookKind, v6 bool, rounds, runs, copies int, only *regexp.Regexp) {
+// paths timed by name (to profile one, say); jitOut, when set, is where
+// the JIT line map of every datapath loaded goes (jitlines.go).
+func benchAB(t *testnet.Script, objs [][]byte, names []string, k hookKind, v6 bool, rounds, runs, copies int, only *regexp.Regexp, jitOut string) {
 	fl := loadFloors(t)
 	prog := func(r *rig) *ebpf.Program {
 		if k == hookTC {
@@ -57,6 +58,9 @@ func benchAB(t *testnet.Script, objs [][]byte, names []string, k hookKind, v6 bo
 			}
 			rigs[i] = append(rigs[i], r)
 		}
+	}
+	if jitOut != "" {
+		writeJITFile(t, jitOut, rigs)
 	}
 	fl.program(t, targets()[0])
 	floorFrame := rigs[0][0].packet(t, targets()[0], 2000, false, true)

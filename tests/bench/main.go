@@ -35,7 +35,16 @@ func main() {
 	labels := flag.String("names", "", "A/B mode: comma-separated names of the objects, for the report")
 	pathsRe := flag.String("paths", "", "A/B mode: time only the paths whose name matches this regular expression")
 	copies := flag.Int("copies", 3, "A/B mode: datapaths per build; a build's figure in a round is the median of its copies' (each takes about 0.7 GB)")
+	jitOut := flag.String("jitlines", "", "A/B mode: write the JIT address of every C line of each LB program loaded to this file, for -lines (jitlines.go)")
+	linesFrom := flag.String("lines", "", "read `perf script -F ip,sym` on stdin and print the hottest C lines of the LB programs, by the -jitlines file given here; nothing is timed")
 	flag.Parse()
+	if *linesFrom != "" {
+		if err := printHotLines(*linesFrom); err != nil {
+			fmt.Fprintln(os.Stderr, "bench: -lines:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if os.Geteuid() != 0 {
 		fmt.Fprintln(os.Stderr, "bench: needs root (BPF, network namespaces)")
 		os.Exit(1)
@@ -76,7 +85,7 @@ func main() {
 		if *tc {
 			k = hookTC
 		}
-		run = func() { benchAB(t, objs, names, k, *v6, *rounds, *runs, *copies, only) }
+		run = func() { benchAB(t, objs, names, k, *v6, *rounds, *runs, *copies, only, *jitOut) }
 	}
 	if err := t.Run(run); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)

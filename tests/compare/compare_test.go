@@ -136,6 +136,18 @@ func TestCompareFast(t *testing.T) {
 			t.Errorf("latency, %s at %d services: %d failed, p50 %s, p99 %s", x.System, x.Services, x.Failed, x.P50, x.P99)
 		}
 	}
+
+	if len(rep.ConnRate) != connRateRounds {
+		t.Errorf("connection rate: %d rounds, want %d", len(rep.ConnRate), connRateRounds)
+	}
+	for i, x := range rep.ConnRate {
+		// SNAT: at least the client's SYN, ACK and RST and the backend's
+		// SYN-ACK and greeting go through the LB's program.
+		ok := uint64(x.Connections - x.Failed)
+		if x.Failed != 0 || x.Connections != o.crWorkers*(o.crConns/o.crWorkers) || x.LBPackets < 5*ok || x.LBRuntime <= 0 {
+			t.Errorf("connection rate, round %d: %+v", i+1, x)
+		}
+	}
 }
 
 func checkPerSecond(t *testing.T, row string, o Outcome) {

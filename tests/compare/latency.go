@@ -4,7 +4,6 @@ package main
 
 import (
 	"context"
-	"net/netip"
 	"slices"
 	"time"
 )
@@ -30,11 +29,7 @@ const latencyRounds = 3
 // (the first packet of a connection walks that chain in order, so last is
 // its worst case; l4lb looks every service up in one hash map).
 func latency(ctx context.Context, r *rig, o options, p *progress) []LatencyRow {
-	eps := []netip.AddrPort{r.backendAddr(0, 7001), r.backendAddr(1, 7001)}
-	r.stopAll()
-	for _, a := range eps {
-		r.serve(a)
-	}
+	eps := r.serveOnly(7001)
 	defer r.stopAll()
 	type key struct {
 		ipt bool
@@ -56,12 +51,7 @@ func latency(ctx context.Context, r *rig, o options, p *progress) []LatencyRow {
 					r.iptLoad(ctx, w)
 					r.via(r.ipt)
 				} else {
-					c := r.l4Config(w, l4Conntrack)
-					if r.d == nil {
-						r.startL4LBD(c)
-					} else {
-						r.l4Reload(c)
-					}
+					r.l4Apply(r.l4Config(w, l4Conntrack))
 					r.via(r.l4)
 				}
 				spec := loadSpec{Target: targetVIP.String(), Count: per, Timeout: time.Second, Abort: true}

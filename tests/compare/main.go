@@ -16,6 +16,8 @@
 //     netfilter connection table has little room left, against l4lb's own
 //     connection table at the same size.
 //  4. Connection latency at 100 and 10,000 services.
+//  5. New connections per second through l4lbd, and the LB datapath's
+//     CPU per connection (what one LB core sustains).
 //
 // Everything runs inside network namespaces the run creates and removes
 // (internal/testnet, tests/topo); iptables only ever runs inside them. It
@@ -72,6 +74,9 @@ type options struct {
 	// latency
 	latServices []int
 	latConns    int
+
+	// connection rate
+	crConns, crWorkers int
 }
 
 func defaults() options {
@@ -80,6 +85,7 @@ func defaults() options {
 		roServices: 1000, roBackends: 10, roRate: 500, roDuration: 30 * time.Second,
 		ctFree: 4096, ctConns: 20000, ctDuration: 20 * time.Second,
 		latServices: []int{100, 10000}, latConns: 2000,
+		crConns: 30000, crWorkers: 4,
 	}
 }
 
@@ -89,6 +95,7 @@ func fast() options {
 		roServices: 20, roBackends: 3, roRate: 200, roDuration: 6 * time.Second,
 		ctFree: 1024, ctConns: 3000, ctDuration: 3 * time.Second,
 		latServices: []int{10, 100}, latConns: 200,
+		crConns: 600, crWorkers: 2,
 	}
 }
 
@@ -97,7 +104,7 @@ func fast() options {
 // all.
 func (o options) loadBudget() time.Duration { return 4 * o.syncBudget }
 
-var allScenarios = []string{"controlplane", "rollout", "conntrack", "latency"}
+var allScenarios = []string{"controlplane", "rollout", "conntrack", "latency", "connrate"}
 
 func main() {
 	if spec := os.Getenv(loadgenEnv); spec != "" {
@@ -206,7 +213,7 @@ func run(ctx context.Context, o options, p *progress) (*Report, error) {
 		if o.scenarios["controlplane"] {
 			rep.ControlPlane = controlPlane(ctx, t, o, p)
 		}
-		if !o.scenarios["rollout"] && !o.scenarios["conntrack"] && !o.scenarios["latency"] {
+		if !o.scenarios["rollout"] && !o.scenarios["conntrack"] && !o.scenarios["latency"] && !o.scenarios["connrate"] {
 			return
 		}
 		r := newRig(t, o, p)
@@ -218,6 +225,9 @@ func run(ctx context.Context, o options, p *progress) (*Report, error) {
 		}
 		if o.scenarios["conntrack"] {
 			rep.Conntrack = exhaustion(ctx, r, o, p)
+		}
+		if o.scenarios["connrate"] {
+			rep.ConnRate = connRate(ctx, r, o, p)
 		}
 	})
 	rep.Took = time.Since(rep.Started)

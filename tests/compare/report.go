@@ -28,6 +28,7 @@ type Report struct {
 	Rollout      *RolloutResult    `json:"rolling_update,omitempty"`
 	Conntrack    *ExhaustionResult `json:"conntrack_exhaustion,omitempty"`
 	Latency      []LatencyRow      `json:"latency,omitempty"`
+	ConnRate     []ConnRateRound   `json:"connection_rate,omitempty"`
 }
 
 // Machine is what the figures were measured on.
@@ -106,6 +107,9 @@ func (r *Report) write(w io.Writer) {
 	}
 	if r.Latency != nil {
 		r.writeLatency(w)
+	}
+	if r.ConnRate != nil {
+		r.writeConnRate(w)
 	}
 }
 
@@ -316,6 +320,22 @@ func (r *Report) writeLatency(w io.Writer) {
 		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%d\t%d\t%s\n", x.System, x.Services, us(x.P50), us(x.P99), x.Connections, x.Failed, rel)
 	}
 	_ = tw.Flush()
+}
+
+func (r *Report) writeConnRate(w io.Writer) {
+	m, coreLo, coreHi, wallLo, wallHi := connRateSummary(r.ConnRate)
+	fmt.Fprintf(w, "\n5. New TCP connections per second through l4lbd (SNAT, replies through the LB too; connect, greeting, close with RST),\n")
+	fmt.Fprintf(w, "   %d client processes back to back; LB CPU from the kernel's BPF run-time statistics of lb2's XDP program\n", m.Workers)
+	tw := table(w)
+	fmt.Fprintln(tw, "ROUND\tCONNECTIONS\tFAILED\tCLIENT CONN/S\tLB PACKETS/CONN\tLB NS/CONN\tCONN/S PER LB CORE")
+	for i, x := range r.ConnRate {
+		ok := max(x.Connections-x.Failed, 1)
+		fmt.Fprintf(tw, "%d\t%d\t%d\t%.0f\t%.1f\t%.0f\t%.0f\n", i+1, x.Connections, x.Failed, x.PerSecond,
+			float64(x.LBPackets)/float64(ok), x.LBNsPerConn(), x.PerLBCore())
+	}
+	_ = tw.Flush()
+	fmt.Fprintf(w, "  one LB core: %.0f connections/s (median; rounds %.0f-%.0f), the datapath program's time alone;\n", m.PerLBCore(), coreLo, coreHi)
+	fmt.Fprintf(w, "  the client reached %.0f-%.0f/s, on CPUs it shares with the backends and the LB.\n", wallLo, wallHi)
 }
 
 func slotWords(rows []CPRow) string {

@@ -149,6 +149,26 @@ func (r *rig) startL4LBD(cfg topo.LBConfig) {
 	r.d = r.l4.StartL4LBD(r.o.l4lbd, cfg.TOML())
 }
 
+// l4Apply starts l4lbd on lb2 with cfg, or reloads the running one.
+func (r *rig) l4Apply(cfg topo.LBConfig) {
+	if r.d == nil {
+		r.startL4LBD(cfg)
+	} else {
+		r.l4Reload(cfg)
+	}
+}
+
+// serveOnly stops every backend instance and starts one on each backend
+// at port, which it returns (be1's first).
+func (r *rig) serveOnly(port uint16) []netip.AddrPort {
+	eps := []netip.AddrPort{r.backendAddr(0, port), r.backendAddr(1, port)}
+	r.stopAll()
+	for _, a := range eps {
+		r.serve(a)
+	}
+	return eps
+}
+
 // l4Reload applies cfg and waits until l4lbd reports the reload done
 // (the state is then in the maps).
 func (r *rig) l4Reload(cfg topo.LBConfig) {
