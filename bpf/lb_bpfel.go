@@ -144,7 +144,8 @@ const (
 	LbL4lbEventL4LB_E_SNAT_OVERFLOW        LbL4lbEvent = 2
 	LbL4lbEventL4LB_E_SNAT_PROMOTED        LbL4lbEvent = 3
 	LbL4lbEventL4LB_E_SNAT_PROMOTE_LIMITED LbL4lbEvent = 4
-	LbL4lbEventL4LB_E_MAX                  LbL4lbEvent = 5
+	LbL4lbEventL4LB_E_SNAT_PREEMPTED       LbL4lbEvent = 5
+	LbL4lbEventL4LB_E_MAX                  LbL4lbEvent = 6
 )
 
 type LbL4lbMode uint32
@@ -197,10 +198,11 @@ const (
 type LbL4lbSnatState uint32
 
 const (
-	LbL4lbSnatStateL4LB_SNAT_OPEN       LbL4lbSnatState = 0
-	LbL4lbSnatStateL4LB_SNAT_SYN        LbL4lbSnatState = 1
-	LbL4lbSnatStateL4LB_SNAT_CLOSING    LbL4lbSnatState = 2
-	LbL4lbSnatStateL4LB_SNAT_UNANSWERED LbL4lbSnatState = 3
+	LbL4lbSnatStateL4LB_SNAT_OPEN         LbL4lbSnatState = 0
+	LbL4lbSnatStateL4LB_SNAT_SYN          LbL4lbSnatState = 1
+	LbL4lbSnatStateL4LB_SNAT_CLOSING      LbL4lbSnatState = 2
+	LbL4lbSnatStateL4LB_SNAT_UNANSWERED   LbL4lbSnatState = 3
+	LbL4lbSnatStateL4LB_SNAT_SYN_ANSWERED LbL4lbSnatState = 4
 )
 
 type LbL4lbSvcFlags uint32
@@ -302,18 +304,23 @@ type LbSnatRevValue struct {
 }
 
 type LbSnatWork struct {
-	_       structs.HostLayout
-	Rk      LbSnatRevKey
-	Rv      LbSnatRevValue
-	Fv      LbSnatFwdValue
-	Now     uint64
-	Lo      uint32
-	Range   uint32
-	Start   uint32
-	Flags   uint8
-	Claimed uint8
-	Table   uint8
-	Pad     uint8
+	_           structs.HostLayout
+	Rk          LbSnatRevKey
+	Rv          LbSnatRevValue
+	Fv          LbSnatFwdValue
+	Now         uint64
+	Lo          uint32
+	Range       uint32
+	Start       uint32
+	Flags       uint8
+	Claimed     uint8
+	Table       uint8
+	Victim      uint8
+	VictimPort  uint16
+	VictimTable uint8
+	Pad         [5]uint8
+	VictimSeen  uint64
+	Vk          LbFlowKey
 }
 
 type LbSrcRangeKey struct {
