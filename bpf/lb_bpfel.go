@@ -145,7 +145,8 @@ const (
 	LbL4lbEventL4LB_E_SNAT_PROMOTED        LbL4lbEvent = 3
 	LbL4lbEventL4LB_E_SNAT_PROMOTE_LIMITED LbL4lbEvent = 4
 	LbL4lbEventL4LB_E_SNAT_PREEMPTED       LbL4lbEvent = 5
-	LbL4lbEventL4LB_E_MAX                  LbL4lbEvent = 6
+	LbL4lbEventL4LB_E_CT_READMITTED        LbL4lbEvent = 6
+	LbL4lbEventL4LB_E_MAX                  LbL4lbEvent = 7
 )
 
 type LbL4lbMode uint32
@@ -454,6 +455,7 @@ const (
 	LbMapMaglev               = "maglev"
 	LbMapMaglevSwapped        = "maglev_swapped"
 	LbMapNexthops             = "nexthops"
+	LbMapReadmitBuckets       = "readmit_buckets"
 	LbMapReasons              = "reasons"
 	LbMapServices             = "services"
 	LbMapSnatFwd              = "snat_fwd"
@@ -573,6 +575,7 @@ type LbMapSpecs struct {
 	Maglev          *ebpf.MapSpec `ebpf:"maglev"`
 	MaglevSwapped   *ebpf.MapSpec `ebpf:"maglev_swapped"`
 	Nexthops        *ebpf.MapSpec `ebpf:"nexthops"`
+	ReadmitBuckets  *ebpf.MapSpec `ebpf:"readmit_buckets"`
 	Reasons         *ebpf.MapSpec `ebpf:"reasons"`
 	Services        *ebpf.MapSpec `ebpf:"services"`
 	SnatFwd         *ebpf.MapSpec `ebpf:"snat_fwd"`
@@ -664,6 +667,7 @@ type LbMaps struct {
 	Maglev          *ebpf.Map `ebpf:"maglev"`
 	MaglevSwapped   *ebpf.Map `ebpf:"maglev_swapped"`
 	Nexthops        *ebpf.Map `ebpf:"nexthops"`
+	ReadmitBuckets  *ebpf.Map `ebpf:"readmit_buckets"`
 	Reasons         *ebpf.Map `ebpf:"reasons"`
 	Services        *ebpf.Map `ebpf:"services"`
 	SnatFwd         *ebpf.Map `ebpf:"snat_fwd"`
@@ -705,6 +709,7 @@ func (m *LbMaps) Close() error {
 		m.Maglev,
 		m.MaglevSwapped,
 		m.Nexthops,
+		m.ReadmitBuckets,
 		m.Reasons,
 		m.Services,
 		m.SnatFwd,

@@ -263,6 +263,7 @@ enum l4lb_event {
 	L4LB_E_SNAT_PROMOTED,       /* an overflow SNAT binding that proved itself moved into the main tables */
 	L4LB_E_SNAT_PROMOTE_LIMITED, /* an overflow SNAT binding ready to move stayed: over datapath.flow_insert_rate */
 	L4LB_E_SNAT_PREEMPTED,      /* a new SNAT binding took the port of the stalest unproven binding: no port was free */
+	L4LB_E_CT_READMITTED,       /* over datapath.flow_insert_rate, a flow the filter had seen (an evicted entry's) was recorded again */
 	L4LB_E_MAX,
 };
 

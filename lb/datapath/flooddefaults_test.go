@@ -189,3 +189,79 @@ func realDSRClient(t testing.TB, e *env, k hook, f maglev.Flow) bool {
 	var v bpf.LbCtValue
 	return e.lb.Maps()[bpf.LbMapConntrack].Lookup(key[:], &v) == nil
 }
+
+// TestReadmit spends a CPU's insert budget (datapath.flow_insert_rate 1:
+// one entry, then none for a second), then takes an established DSR
+// flow's entry away, as a flood's inserts push it out of the LRU: the
+// flow's next packet records it again (event ct_readmitted), while a new
+// flow's packet, over the same budget, is forwarded unrecorded. Spoofed
+// flows, which the connection-table filter has not seen, are not
+// re-admitted.
+func TestReadmit(t *testing.T) {
+	for _, k := range hooks {
+		for _, fam := range families {
+			t.Run(k.String()+"/"+fam.name, func(t *testing.T) {
+				onOneCPU(t)
+				e := newSNATEnv(t, envOptions{insertRate: 1})
+				svc := dsrService("dsr", fam.vip, 80, lb.TCP, fam.backends[:3]...)
+				e.reconcile(t, svc)
+				ct := e.lb.Maps()[bpf.LbMapConntrack]
+				has := func(f maglev.Flow) bool {
+					key := maglev.FlowKey(f)
+					var v bpf.LbCtValue
+					return ct.Lookup(key[:], &v) == nil
+				}
+				// The budget's one token goes to the established
+				// flow; if a second passed meanwhile, to the flows
+				// after it, until one is limited.
+				est := flowTo(svc.Frontend, fam.client, 1000)
+				e.sendFlow(t, k, est, pktKinds[1])
+				if !has(est) {
+					t.Fatal("the established flow got no entry with the budget full")
+				}
+				for port := uint16(2000); ; port++ {
+					if port == 2010 {
+						t.Fatal("10 new flows in a row at a rate of one a second were all recorded")
+					}
+					ev := e.events(t)
+					e.sendFlow(t, k, flowTo(svc.Frontend, fam.client, port), pktKinds[1])
+					if e.events(t)["ct_insert_limited"] > ev["ct_insert_limited"] {
+						break
+					}
+				}
+
+				key := maglev.FlowKey(est)
+				if err := ct.Delete(key[:]); err != nil {
+					t.Fatalf("evict the established flow's entry: %v", err)
+				}
+				ev := e.events(t)
+				e.sendFlow(t, k, est, pktKinds[1])
+				if !has(est) {
+					t.Error("the evicted flow's next packet did not get its entry back over the spent budget")
+				}
+				if n := e.events(t)["ct_readmitted"] - ev["ct_readmitted"]; n != 1 {
+					t.Errorf("%d flows re-admitted, want 1", n)
+				}
+
+				// Spoofed flows over the spent budget: none is
+				// recorded (the filter has not seen them; a false
+				// positive would need a set bit, few here).
+				ev = e.events(t)
+				f := flowTo(svc.Frontend, fam.client, 1)
+				sp := newSpoofer(t, e.frame(t, packet(f, false, true, []byte("flood"))), 5)
+				frames := make([][]byte, 200)
+				for n := range frames {
+					frames[n] = sp.next()
+				}
+				e.runBurst(t, k, frames)
+				got := e.events(t)
+				if n := got["ct_readmitted"] - ev["ct_readmitted"]; n > 2 {
+					t.Errorf("%d of %d spoofed flows re-admitted, want at most 2 (the filter's false positives)", n, len(frames))
+				}
+				if n := got["ct_insert_limited"] - ev["ct_insert_limited"]; n < uint64(len(frames))-3 {
+					t.Errorf("%d of %d spoofed flows limited, want nearly all", n, len(frames))
+				}
+			})
+		}
+	}
+}
