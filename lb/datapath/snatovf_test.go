@@ -173,8 +173,11 @@ func TestSNATOverflowMark(t *testing.T) {
 func TestSNATOverflowMarkRestart(t *testing.T) {
 	testnet.RequireRoot(t)
 	dir := pinDir(t, "ovfmark")
-	timeouts := datapath.SNATTimeouts{TCP: time.Second, TCPClosing: time.Second, UDP: time.Second}
-	// A binding last used 10s ago is dead by these timeouts.
+	// A binding last used 10s ago is dead by these timeouts (with the
+	// mark's 2s of lateness), while one used before a load stays alive
+	// through it even when a loaded box takes seconds to verify the
+	// program.
+	timeouts := datapath.SNATTimeouts{TCP: 5 * time.Second, TCPClosing: 5 * time.Second, UDP: 5 * time.Second}
 	clockPast(t, 15*time.Second)
 	cfg := datapath.Config{
 		PinPath: dir, Seed: testSeed, MaxServices: 16, MaxBackends: 64, ConntrackMax: 4096,
