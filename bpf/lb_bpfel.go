@@ -144,7 +144,9 @@ const (
 	LbL4lbEventL4LB_E_SNAT_OVERFLOW        LbL4lbEvent = 2
 	LbL4lbEventL4LB_E_SNAT_PROMOTED        LbL4lbEvent = 3
 	LbL4lbEventL4LB_E_SNAT_PROMOTE_LIMITED LbL4lbEvent = 4
-	LbL4lbEventL4LB_E_MAX                  LbL4lbEvent = 5
+	LbL4lbEventL4LB_E_SNAT_PREEMPTED       LbL4lbEvent = 5
+	LbL4lbEventL4LB_E_CT_READMITTED        LbL4lbEvent = 6
+	LbL4lbEventL4LB_E_MAX                  LbL4lbEvent = 7
 )
 
 type LbL4lbMode uint32
@@ -197,10 +199,11 @@ const (
 type LbL4lbSnatState uint32
 
 const (
-	LbL4lbSnatStateL4LB_SNAT_OPEN       LbL4lbSnatState = 0
-	LbL4lbSnatStateL4LB_SNAT_SYN        LbL4lbSnatState = 1
-	LbL4lbSnatStateL4LB_SNAT_CLOSING    LbL4lbSnatState = 2
-	LbL4lbSnatStateL4LB_SNAT_UNANSWERED LbL4lbSnatState = 3
+	LbL4lbSnatStateL4LB_SNAT_OPEN         LbL4lbSnatState = 0
+	LbL4lbSnatStateL4LB_SNAT_SYN          LbL4lbSnatState = 1
+	LbL4lbSnatStateL4LB_SNAT_CLOSING      LbL4lbSnatState = 2
+	LbL4lbSnatStateL4LB_SNAT_UNANSWERED   LbL4lbSnatState = 3
+	LbL4lbSnatStateL4LB_SNAT_SYN_ANSWERED LbL4lbSnatState = 4
 )
 
 type LbL4lbSvcFlags uint32
@@ -302,18 +305,23 @@ type LbSnatRevValue struct {
 }
 
 type LbSnatWork struct {
-	_       structs.HostLayout
-	Rk      LbSnatRevKey
-	Rv      LbSnatRevValue
-	Fv      LbSnatFwdValue
-	Now     uint64
-	Lo      uint32
-	Range   uint32
-	Start   uint32
-	Flags   uint8
-	Claimed uint8
-	Table   uint8
-	Pad     uint8
+	_           structs.HostLayout
+	Rk          LbSnatRevKey
+	Rv          LbSnatRevValue
+	Fv          LbSnatFwdValue
+	Now         uint64
+	Lo          uint32
+	Range       uint32
+	Start       uint32
+	Flags       uint8
+	Claimed     uint8
+	Table       uint8
+	Victim      uint8
+	VictimPort  uint16
+	VictimTable uint8
+	Pad         [5]uint8
+	VictimSeen  uint64
+	Vk          LbFlowKey
 }
 
 type LbSrcRangeKey struct {
@@ -447,6 +455,7 @@ const (
 	LbMapMaglev               = "maglev"
 	LbMapMaglevSwapped        = "maglev_swapped"
 	LbMapNexthops             = "nexthops"
+	LbMapReadmitBuckets       = "readmit_buckets"
 	LbMapReasons              = "reasons"
 	LbMapServices             = "services"
 	LbMapSnatFwd              = "snat_fwd"
@@ -566,6 +575,7 @@ type LbMapSpecs struct {
 	Maglev          *ebpf.MapSpec `ebpf:"maglev"`
 	MaglevSwapped   *ebpf.MapSpec `ebpf:"maglev_swapped"`
 	Nexthops        *ebpf.MapSpec `ebpf:"nexthops"`
+	ReadmitBuckets  *ebpf.MapSpec `ebpf:"readmit_buckets"`
 	Reasons         *ebpf.MapSpec `ebpf:"reasons"`
 	Services        *ebpf.MapSpec `ebpf:"services"`
 	SnatFwd         *ebpf.MapSpec `ebpf:"snat_fwd"`
@@ -657,6 +667,7 @@ type LbMaps struct {
 	Maglev          *ebpf.Map `ebpf:"maglev"`
 	MaglevSwapped   *ebpf.Map `ebpf:"maglev_swapped"`
 	Nexthops        *ebpf.Map `ebpf:"nexthops"`
+	ReadmitBuckets  *ebpf.Map `ebpf:"readmit_buckets"`
 	Reasons         *ebpf.Map `ebpf:"reasons"`
 	Services        *ebpf.Map `ebpf:"services"`
 	SnatFwd         *ebpf.Map `ebpf:"snat_fwd"`
@@ -698,6 +709,7 @@ func (m *LbMaps) Close() error {
 		m.Maglev,
 		m.MaglevSwapped,
 		m.Nexthops,
+		m.ReadmitBuckets,
 		m.Reasons,
 		m.Services,
 		m.SnatFwd,

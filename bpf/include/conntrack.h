@@ -16,7 +16,8 @@
  * which such a flood can overwrite but which hold no established flow: the
  * first ACK follows its SYN even when the Maglev table changed in between. A flood of packets without SYN (an ACK or UDP flood)
  * would: above datapath.flow_insert_rate new entries per second per CPU, a
- * new flow is forwarded by Maglev alone and not recorded.
+ * new flow is forwarded by Maglev alone and not recorded, while a flow whose
+ * entry was evicted may be recorded again (ct_readmit).
  *
  * The established fast path (lb.c) finds a flow's entry before any service
  * lookup and forwards by it when ct_established accepts it; everything else
@@ -122,6 +123,27 @@ static __always_inline int ct_insert_allowed(__u64 now)
 	if (!cfg_insert_interval_ns)
 		return 1;
 	return gcra_allow(&insert_buckets, now, cfg_insert_interval_ns, cfg_insert_burst_ns);
+}
+
+/*
+ * Re-admission: over the insert rate, may a flow without an entry have one
+ * all the same? Yes when the connection-table filter has its bit set (the
+ * flow most likely had an entry, which a flood's inserts pushed out of the
+ * LRU) and the CPU's re-admission budget, as large as the insert budget
+ * and never spent by a flow the filter has not seen, allows. So an active
+ * flow whose entry was evicted gets it back ahead of new flows while a
+ * flood holds the insert budget; a spoofed flow reaches this budget only
+ * through the filter's false positives, the share of its bits set (kept
+ * low by lb/datapath's rebuilds).
+ */
+static __always_inline int ct_readmit(const struct packet *p, __u64 now)
+{
+	if (!cfg_insert_interval_ns || !ct_filter_seen(flow_key_mix(&p->key)))
+		return 0;
+	if (!gcra_allow(&readmit_buckets, now, cfg_insert_interval_ns, cfg_insert_burst_ns))
+		return 0;
+	count_event(L4LB_E_CT_READMITTED);
+	return 1;
 }
 
 /* The handshakes bucket of a flow hash. */
@@ -309,7 +331,7 @@ chosen:
 		 * while the table holds. A failure is what `l4lbctl conntrack
 		 * stats` reports; a limited insert is counted as event
 		 * ct_insert_limited. */
-		if (!ct_insert_allowed(now)) {
+		if (!ct_insert_allowed(now) && !ct_readmit(p, now)) {
 			count_event(L4LB_E_CT_INSERT_LIMITED);
 		} else {
 			/* Its bit first: a SYN must never find it clear

@@ -84,6 +84,15 @@ static __always_inline int ct_filter_maybe(__u64 mix)
 	return !w || (*w & ct_filter_bit(mix));
 }
 
+/* Has the live filter seen a key of this mix: 1 only when there is a
+ * filter and the key's bit is set in it. */
+static __always_inline int ct_filter_seen(__u64 mix)
+{
+	__u64 *w = ct_filter_word(CT_FILTER_LIVE, mix);
+
+	return w && (*w & ct_filter_bit(mix));
+}
+
 /*
  * Read the live filter's word of a key's mix, and nothing more: a packet
  * without SYN does this right before its table lookup. Most such packets

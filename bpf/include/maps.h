@@ -320,6 +320,16 @@ struct {
 	__uint(max_entries, 1);
 } insert_buckets SEC(".maps");
 
+/* The re-admission budget's bucket, one per CPU (conntrack.h, ct_readmit;
+ * the rate of datapath.flow_insert_rate, spent only by flows the
+ * connection-table filter has seen). Not pinned. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct icmp_bucket);
+	__uint(max_entries, 1);
+} readmit_buckets SEC(".maps");
+
 /* Each CPU's copy of the coarse clock and the jiffies it was read at
  * (clock.h). Not pinned. */
 struct clock_copy {

@@ -21,7 +21,8 @@
  * the flow hash and probes the next SNAT_PROBES ports. A candidate is claimed
  * by inserting its snat_rev entry with BPF_NOEXIST, which the kernel makes
  * atomic across CPUs, so two flows can never hold one tuple; the snat_fwd
- * entry is written after. No free candidate: drop_snat_exhausted. Probing
+ * entry is written after. No free candidate: the stalest unproven binding
+ * probed gives its port up, or with none drop_snat_exhausted. Probing
  * looks each candidate up before trying to insert it, because a failed
  * insert into an LRU map still takes (and may evict for) a free node. It runs
  * in a bpf_loop callback, and keys and values live in the per-CPU
@@ -30,10 +31,13 @@
  *
  * Liveness: snat_rev is the authority. Both directions refresh its last_seen
  * and state; a binding idle past its state's timeout (config.h) is dead, and
- * found on lookup it is replaced as if absent. A FIN or RST either way moves
- * a TCP binding to the closing timeout; a binding made by a SYN keeps that
- * short timeout until the client's first ACK, so spoofed SYNs hold ports
- * briefly.
+ * found on lookup it is replaced, both halves, as if absent. A FIN or RST
+ * either way moves a TCP binding to the closing timeout. A new binding is
+ * unproven (snat_new_state) and keeps the short timeout until its client
+ * shows it is real (snat_next_state): spoofed packets hold ports briefly,
+ * and a new flow that finds no free port takes the port of the stalest
+ * unproven binding it probed (snat_preempt), so they never hold the port
+ * space against one.
  *
  * Eviction (both maps are LRU): losing one half of a live binding is
  * repaired from the other. A lost snat_rev entry is claimed back by the next
@@ -107,36 +111,49 @@ static __always_inline void snat_touch(__u64 *last_seen, __u64 now, __u8 proto, 
 		*last_seen = now;
 }
 
-/* State of a binding a client packet (protocol, TCP flags) creates. */
+/* State of a binding a client packet (protocol, TCP flags) creates: none
+ * is open, since only the backend's answer shows the client is real. */
 static __always_inline __u32 snat_new_state(__u8 proto, __u8 flags)
 {
-	if (proto != IPPROTO_TCP)
-		return L4LB_SNAT_OPEN;
-	if (flags & (TCP_FLAG_FIN | TCP_FLAG_RST))
-		return L4LB_SNAT_CLOSING;
-	if ((flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN)
+	if (proto == IPPROTO_TCP && (flags & (TCP_FLAG_SYN | TCP_FLAG_ACK | TCP_FLAG_FIN | TCP_FLAG_RST)) == TCP_FLAG_SYN)
 		return L4LB_SNAT_SYN;
 	return L4LB_SNAT_UNANSWERED;
 }
 
-/* State of a live binding after a packet from the client or the backend. */
+/*
+ * State of a live binding after a packet from the client or the backend.
+ * A binding opens only on what a spoofed client cannot do: a binding made
+ * by a SYN when the client ACKs after the backend answered (the ACK of a
+ * client that never saw the SYN+ACK carries the wrong number, and the
+ * backend's RST closes the binding); one made by anything else (a TCP
+ * packet without SYN, a datagram) when the backend answers.
+ */
 static __always_inline __u32 snat_next_state(__u8 proto, __u8 flags, __u32 state, int from_client)
 {
 	if (proto != IPPROTO_TCP)
-		return L4LB_SNAT_OPEN;
+		return from_client ? state : L4LB_SNAT_OPEN;
 	if (flags & (TCP_FLAG_FIN | TCP_FLAG_RST))
 		return L4LB_SNAT_CLOSING;
-	/* The backend answered a binding made without a SYN: a real flow
-	 * (a spoofed client never sees the answer to go on). */
-	if (!from_client)
-		return state == L4LB_SNAT_UNANSWERED ? L4LB_SNAT_OPEN : state;
+	if (!from_client) {
+		if (state == L4LB_SNAT_UNANSWERED)
+			return L4LB_SNAT_OPEN;
+		return state == L4LB_SNAT_SYN ? L4LB_SNAT_SYN_ANSWERED : state;
+	}
 	/* A new SYN on a closing binding: the client reuses its port for a
 	 * new connection, which starts half-open again. */
 	if ((flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN)
 		return state == L4LB_SNAT_OPEN ? L4LB_SNAT_OPEN : L4LB_SNAT_SYN;
-	if (state == L4LB_SNAT_SYN && (flags & TCP_FLAG_ACK))
+	if (state == L4LB_SNAT_SYN_ANSWERED && (flags & TCP_FLAG_ACK))
 		return L4LB_SNAT_OPEN;
 	return state;
+}
+
+/* May a new flow take this live binding's port when no port is free? Only
+ * an open binding proved its client real; every other state is one a
+ * spoofed flood can make (or a closed connection's). */
+static __always_inline int snat_preemptible(__u32 state)
+{
+	return state != L4LB_SNAT_OPEN;
 }
 
 /* Does the reverse entry belong to the client flow of p? */
@@ -377,6 +394,30 @@ static __always_inline int nat_rewrite(const struct hook *h, const struct packet
 #define SNAT_REV(ovf) ((ovf) ? (void *)&snat_rev_ovf : (void *)&snat_rev)
 
 /*
+ * Remove the binding of another flow held at s->rk in table set ovf (cur:
+ * its reverse entry), both halves: the forward one only while it still
+ * names this tuple, so that snat_fwd keeps no entry for a port its flow no
+ * longer holds, and a flood's dead bindings do not push live ones out of
+ * the LRU.
+ */
+static __always_inline void snat_forget(struct snat_work *s, const struct snat_rev_value *cur, const int ovf)
+{
+	struct snat_fwd_value *fwd;
+
+	copy16(s->vk.src, cur->client_addr);
+	copy16(s->vk.dst, cur->vip);
+	s->vk.sport = cur->client_port;
+	s->vk.dport = cur->vip_port;
+	s->vk.proto = s->rk.proto;
+	s->vk.pad[0] = s->vk.pad[1] = s->vk.pad[2] = 0;
+	bpf_map_delete_elem(SNAT_REV(ovf), &s->rk);
+	fwd = bpf_map_lookup_elem(SNAT_FWD(ovf), &s->vk);
+	if (fwd && fwd->snat_port == s->rk.snat_port && fwd->backend_port == s->rk.backend_port &&
+	    snat_addr_eq(fwd->snat_addr, s->rk.snat_addr) && snat_addr_eq(fwd->backend_addr, s->rk.backend_addr))
+		bpf_map_delete_elem(SNAT_FWD(ovf), &s->vk);
+}
+
+/*
  * Is the candidate s->rk free in table set ovf for the flow of s->rv?
  * 1: free (a dead entry of another flow was removed); 0: taken by a live
  * binding of another flow; 2: held by this very flow (its forward half was
@@ -399,12 +440,20 @@ static __always_inline int snat_port_state(struct snat_work *s, const int ovf)
 		s->rv.flags = cur->flags;
 		return 2;
 	}
-	if (!snat_expired(s->now, cur->last_seen, proto, cur->state))
+	if (!snat_expired(s->now, cur->last_seen, proto, cur->state)) {
+		/* Taken; remember the stalest unproven holder, whose port a
+		 * new flow may take when none is free (snat_preempt). */
+		if (snat_preemptible(cur->state) && (!s->victim || cur->last_seen < s->victim_seen)) {
+			s->victim = 1;
+			s->victim_port = s->rk.snat_port;
+			s->victim_table = ovf;
+			s->victim_seen = cur->last_seen;
+		}
 		return 0;
-	/* Dead binding of another flow: its port is free again. That flow's
-	 * stale forward entry finds the port taken and moves on, should the
-	 * flow ever return. */
-	bpf_map_delete_elem(SNAT_REV(ovf), &s->rk);
+	}
+	/* Dead binding of another flow: its port is free again, and its
+	 * forward half goes with it. */
+	snat_forget(s, cur, ovf);
 	return 1;
 }
 
@@ -468,6 +517,34 @@ static long snat_probe_port(__u32 i, void *data)
 		return 1;
 	}
 	return 0;
+}
+
+/*
+ * No port was free: take the port of the stalest unproven binding the
+ * probe saw (s->victim_*; snat_preemptible), if it is still as the probe
+ * saw it, for s's flow in table set s->table. So unproven bindings, which
+ * a spoofed flood makes, never hold the port space against a new flow;
+ * only open ones can exhaust it. Returns 1 with the port claimed.
+ */
+static __always_inline int snat_preempt(struct snat_work *s)
+{
+	struct snat_rev_value *cur;
+
+	s->rk.snat_port = s->victim_port;
+	if (s->victim_table)
+		cur = bpf_map_lookup_elem(&snat_rev_ovf, &s->rk);
+	else
+		cur = bpf_map_lookup_elem(&snat_rev, &s->rk);
+	if (!cur || !snat_preemptible(cur->state) || cur->last_seen != s->victim_seen)
+		return 0;
+	if (s->victim_table)
+		snat_forget(s, cur, 1);
+	else
+		snat_forget(s, cur, 0);
+	if (!(s->table ? snat_claim(s, 1) : snat_claim(s, 0)))
+		return 0;
+	count_event(L4LB_E_SNAT_PREEMPTED);
+	return 1;
 }
 
 /* The reverse entry of p's flow, to insert. */
@@ -664,8 +741,9 @@ static __always_inline int snat_bind(const struct packet *p, const struct select
 	if (s->table)
 		snat_ovf_mark(s->now);
 	snat_fill_rev(s, p, svc_id, snat_new_state(proto, s->flags));
+	s->victim = 0;
 	bpf_loop(s->range < SNAT_PROBES ? s->range : SNAT_PROBES, snat_probe_port, &s, 0);
-	if (!s->claimed)
+	if (!s->claimed && !(s->victim && snat_preempt(s)))
 		return L4LB_R_DROP_SNAT_EXHAUSTED;
 	if (s->table)
 		count_event(L4LB_E_SNAT_OVERFLOW);

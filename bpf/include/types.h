@@ -262,6 +262,8 @@ enum l4lb_event {
 	L4LB_E_SNAT_OVERFLOW,       /* a new SNAT binding went to the overflow tables: over datapath.flow_insert_rate */
 	L4LB_E_SNAT_PROMOTED,       /* an overflow SNAT binding that proved itself moved into the main tables */
 	L4LB_E_SNAT_PROMOTE_LIMITED, /* an overflow SNAT binding ready to move stayed: over datapath.flow_insert_rate */
+	L4LB_E_SNAT_PREEMPTED,      /* a new SNAT binding took the port of the stalest unproven binding: no port was free */
+	L4LB_E_CT_READMITTED,       /* over datapath.flow_insert_rate, a flow the filter had seen (an evicted entry's) was recorded again */
 	L4LB_E_MAX,
 };
 
@@ -385,13 +387,18 @@ struct reason_stats {
  * state. See snat.h.
  */
 enum l4lb_snat_state {
-	L4LB_SNAT_OPEN = 0,    /* UDP, or TCP past the handshake: tcp / udp timeout */
-	L4LB_SNAT_SYN = 1,     /* TCP binding made by a SYN, no ACK from the client yet: tcp_closing timeout */
+	L4LB_SNAT_OPEN = 0,    /* UDP the backend answered, or TCP past the handshake: tcp / udp timeout */
+	L4LB_SNAT_SYN = 1,     /* TCP binding made by a SYN, until the backend answers: tcp_closing timeout */
 	L4LB_SNAT_CLOSING = 2, /* TCP after a FIN or RST in either direction: tcp_closing timeout */
-	/* TCP binding made by a client packet without SYN, FIN or RST, until
-	 * the backend answers: tcp_closing timeout. Spoofed ACKs then hold
-	 * ports for seconds, not for the open timeout. */
+	/* TCP binding made by a client packet other than a SYN, until the
+	 * backend answers: tcp_closing timeout; UDP until the backend
+	 * answers: udp timeout. Spoofed ACKs then hold ports for seconds,
+	 * not for the open timeout. */
 	L4LB_SNAT_UNANSWERED = 3,
+	/* TCP binding made by a SYN that the backend answered (SYN+ACK),
+	 * until the client's ACK: tcp_closing timeout. Only a client that
+	 * saw the answer goes on, so a SYN then a spoofed ACK stays here. */
+	L4LB_SNAT_SYN_ANSWERED = 4,
 };
 
 /* Value of snat_fwd (key: struct flow_key, the client's 5-tuple). */
@@ -449,7 +456,12 @@ struct snat_work {
 	__u8 flags;               /* the client packet's TCP flags */
 	__u8 claimed;             /* probe: a port was claimed */
 	__u8 table;               /* the binding's table set, 0 main, 1 overflow (snat_bind) */
-	__u8 pad;
+	__u8 victim;              /* probe: an unproven binding of another flow was seen (victim_*) */
+	__be16 victim_port;       /* probe: the stalest one's SNAT port, network order */
+	__u8 victim_table;        /* probe: its table set */
+	__u8 pad[5];
+	__u64 victim_seen;        /* probe: its last_seen */
+	struct flow_key vk;       /* preemption: the victim's client flow */
 };
 
 /* What the backend companion did with a packet; index of its counters. */

@@ -75,7 +75,8 @@ const lruLocalFree = 128
 
 // TestSNATFillsItsRange binds as many flows to one backend as the port
 // range has ports: every port is found (the probe covers a range this
-// small whole), and only the flow after them is refused.
+// small whole), and with every binding answered the flow after them is
+// refused.
 func TestSNATFillsItsRange(t *testing.T) {
 	const lo, hi = 40000, 40063
 	fam := families[0]
@@ -83,9 +84,13 @@ func TestSNATFillsItsRange(t *testing.T) {
 	svc := snatService("nat", fam.vip, 80, lb.UDP, fam.backends[0])
 	e.reconcile(t, svc)
 	ports := map[netip.AddrPort]bool{}
+	be := netip.AddrPortFrom(fam.backends[0], snatBackendPort)
 	for i := range hi - lo + 1 {
 		f := flowTo(svc.Frontend, fam.client, uint16(20000+i))
-		ports[e.sendSNAT(t, hookXDP, svc, f, clientPacket(f, false, false))] = true
+		snat := e.sendSNAT(t, hookXDP, svc, f, clientPacket(f, false, false))
+		ports[snat] = true
+		// Answered: open, so not for a new flow to take.
+		e.replySNAT(t, hookXDP, f, be, snat, false, false)
 	}
 	if len(ports) != hi-lo+1 {
 		t.Fatalf("%d flows got %d distinct SNAT ports, want one each", hi-lo+1, len(ports))

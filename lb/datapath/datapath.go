@@ -299,7 +299,7 @@ func Load(cfg Config) (*LB, error) {
 		return nil, err
 	}
 	if d.nh, err = newNextHops(cfg.Log, cfg.Netns, cfg.KeepNeighbours, d.cache, coll.Maps[bpf.LbMapBackendRoutes],
-		coll.Maps[bpf.LbMapNexthops], cfg.MaxBackends, d.box.macChanged); err != nil {
+		coll.Maps[bpf.LbMapNexthops], cfg.MaxBackends, d.box.macChanged, d.box.addrChanged); err != nil {
 		coll.Close()
 		return nil, err
 	}

@@ -31,7 +31,8 @@ const (
 	// sent none).
 	FlowEstablished FlowState = iota
 	// FlowSynSent is a TCP flow whose SNAT binding saw a SYN again and no
-	// ACK yet (the client reuses its port for a new connection).
+	// ACK after the backend's answer yet (the client reuses its port for a
+	// new connection, or sent an ACK the backend had not asked for).
 	FlowSynSent
 	// FlowClosing is a TCP flow whose SNAT binding saw a FIN or RST, or,
 	// without a binding (DSR), whose client sent one.
@@ -192,7 +193,7 @@ func (d *LB) flowState(k *bpf.LbFlowKey, v *bpf.LbCtValue, a time.Duration, b bi
 		return FlowUDP
 	case a > d.cfg.SNATTimeouts.TCP:
 		return FlowIdle
-	case bound && b.state == bpf.LbL4lbSnatStateL4LB_SNAT_SYN:
+	case bound && (b.state == bpf.LbL4lbSnatStateL4LB_SNAT_SYN || b.state == bpf.LbL4lbSnatStateL4LB_SNAT_SYN_ANSWERED):
 		return FlowSynSent
 	case bound && b.state == bpf.LbL4lbSnatStateL4LB_SNAT_CLOSING:
 		return FlowClosing

@@ -269,8 +269,9 @@ func TestFlowsSNAT(t *testing.T) {
 			byBackend := map[netip.Addr][]maglev.Flow{}
 			for _, f := range flows {
 				snats[clientOf(f)] = e.sendSNAT(t, hookXDP, svc, f, clientPacket(f, true, false))
-				e.sendSNAT(t, hookXDP, svc, f, clientPacket(f, false, true))
 				be := mustPick(t, svc, f)
+				synAck(t, e, hookXDP, netip.AddrPortFrom(be, snatBackendPort), snats[clientOf(f)], "handshake")
+				e.sendSNAT(t, hookXDP, svc, f, clientPacket(f, false, true))
 				byBackend[be] = append(byBackend[be], f)
 			}
 			if len(byBackend) != 2 {

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/gopacket/gopacket/layers"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/l4lb/l4lb/internal/pkttest"
 	"github.com/l4lb/l4lb/lb"
@@ -491,5 +493,62 @@ func TestICMPErrorFromLocalSource(t *testing.T) {
 				e.sendICMPToFlow(t, k, svc, f, kind)
 			})
 		}
+	}
+}
+
+// TestLocalSourceAddrAdded adds an address to lb0 after the datapath
+// started: it follows it from netlink, so a SYN from that address is
+// refused as pass_local_source at both hooks; once the address is removed,
+// the same SYN is forwarded again.
+func TestLocalSourceAddrAdded(t *testing.T) {
+	e := newSNATEnv(t, envOptions{})
+	e.reconcile(t, hostileServices()...)
+	for _, fam := range families {
+		added := netip.MustParseAddr("198.51.100.77")
+		if fam.name == "ipv6" {
+			added = netip.MustParseAddr("2001:db8:1::77")
+		}
+		f := maglev.Flow{Src: added, Dst: fam.vip, SrcPort: 40200, DstPort: 80, Proto: uint8(lb.TCP)}
+		in := e.frame(t, kindPacket(f, pktKinds[0]))
+		for _, k := range hooks {
+			e.expectForwarded(t, k, in)
+		}
+		bits := added.BitLen()
+		addr := &netlink.Addr{IPNet: &net.IPNet{IP: added.AsSlice(), Mask: net.CIDRMask(bits, bits)}, Flags: unix.IFA_F_NODAD}
+		link := e.ns.Link(t, "lb0")
+		if err := e.ns.Netlink().AddrAdd(link, addr); err != nil {
+			t.Fatalf("add %s to lb0: %v", added, err)
+		}
+		// The netlink event reaches the datapath within milliseconds.
+		waitReason(t, e, in, "pass_local_source", "after "+added.String()+" was added to lb0")
+		for _, k := range hooks {
+			e.expectRefused(t, k, in, "pass_local_source")
+		}
+		if err := e.ns.Netlink().AddrDel(link, addr); err != nil {
+			t.Fatalf("remove %s from lb0: %v", added, err)
+		}
+		waitReason(t, e, in, "", "after "+added.String()+" was removed from lb0")
+		for _, k := range hooks {
+			e.expectForwarded(t, k, in)
+		}
+	}
+}
+
+// waitReason runs in at XDP until it moves reason ("": is forwarded), for
+// up to 5 seconds.
+func waitReason(t *testing.T, e *env, in []byte, reason, what string) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		before := e.reasons(t)
+		r := e.runOn(t, hookXDP, in)
+		moved := diffReasons(before, e.reasons(t))
+		if reason == "" && r.verdict == hookXDP.tx() || reason != "" && moved[reason] == 1 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: verdict %s, reasons %v, want %q", what, hookXDP.verdictName(r.verdict), moved, reason)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

@@ -179,6 +179,32 @@ func (b *boxAddrs) macChanged(index int, mac net.HardwareAddr) {
 	}
 }
 
+// addrChanged follows an address added to or removed from a learnt
+// interface (netlink, through the next-hop cache's address events): an
+// address the box gains after start is one no forwarded packet may come
+// from, as those it had then are.
+func (b *boxAddrs) addrChanged(index int, addr netip.Addr, added bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for name, li := range b.ifaces {
+		if li.index != index || slices.Contains(li.addrs, addr) == added {
+			continue
+		}
+		if added {
+			// A failed write (local_addrs full) leaves the address
+			// out until the next start, as at start.
+			if err := b.own(addr, ifaceOwner(name)); err != nil {
+				continue
+			}
+			li.addrs = append(slices.Clone(li.addrs), addr)
+		} else {
+			_ = b.disown(addr, ifaceOwner(name))
+			li.addrs = slices.DeleteFunc(slices.Clone(li.addrs), func(a netip.Addr) bool { return a == addr })
+		}
+		b.ifaces[name] = li
+	}
+}
+
 // forgetInterface removes what setInterface recorded for name.
 func (b *boxAddrs) forgetInterface(name string) error {
 	b.mu.Lock()

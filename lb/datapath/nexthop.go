@@ -58,7 +58,10 @@ type nextHops struct {
 	cache *cacheGen // bumped after every write (flowcache.go)
 	// onMAC is told of a link's new MAC (the datapath's ingress MACs,
 	// local.go).
-	onMAC  func(index int, mac net.HardwareAddr)
+	onMAC func(index int, mac net.HardwareAddr)
+	// onAddr is told of an address added to (or removed from) a link
+	// (the datapath's local addresses, local.go).
+	onAddr func(index int, addr netip.Addr, added bool)
 	nl     *netlink.Handle
 	ns     netns.NsHandle
 	keep   bool
@@ -107,8 +110,8 @@ type linkInfo struct {
 }
 
 func newNextHops(log *slog.Logger, ns *netns.NsHandle, keep bool, cache *cacheGen, routes, hops *ebpf.Map, maxID uint32,
-	onMAC func(index int, mac net.HardwareAddr)) (*nextHops, error) {
-	n := &nextHops{log: log, keep: keep, cache: cache, routes: routes, hops: hops, maxID: maxID, ns: netns.None(), onMAC: onMAC,
+	onMAC func(index int, mac net.HardwareAddr), onAddr func(index int, addr netip.Addr, added bool)) (*nextHops, error) {
+	n := &nextHops{log: log, keep: keep, cache: cache, routes: routes, hops: hops, maxID: maxID, ns: netns.None(), onMAC: onMAC, onAddr: onAddr,
 		backends: map[uint32]netip.Addr{}, addrs: map[netip.Addr]*addrRoute{}, byKey: map[hopKey]*hop{},
 		links: map[int]linkInfo{}, next: 1}
 	if ns != nil {
@@ -585,7 +588,7 @@ func netipPrefix(n *net.IPNet) (netip.Prefix, bool) {
 	return p.Masked(), p.IsValid()
 }
 
-// watch follows the kernel's route, neighbour and link changes until
+// watch follows the kernel's route, neighbour, link and address changes until
 // close. A subscription the kernel ends (its socket overran under a burst
 // of changes, say) is opened again and everything resolved afresh, since
 // changes may have been missed meanwhile.
@@ -618,16 +621,18 @@ type subscription struct {
 	neigh chan netlink.NeighUpdate
 	link  chan netlink.LinkUpdate
 	route chan netlink.RouteUpdate
+	addr  chan netlink.AddrUpdate
 }
 
-// subscribe opens the neighbour, link and route subscriptions in n's
-// namespace.
+// subscribe opens the neighbour, link, route and address subscriptions in
+// n's namespace.
 func (n *nextHops) subscribe(stop chan struct{}) (*subscription, error) {
 	s := &subscription{
 		done:  make(chan struct{}),
 		neigh: make(chan netlink.NeighUpdate, 1024),
 		link:  make(chan netlink.LinkUpdate, 256),
 		route: make(chan netlink.RouteUpdate, 1024),
+		addr:  make(chan netlink.AddrUpdate, 256),
 	}
 	onErr := func(err error) {
 		select {
@@ -645,6 +650,9 @@ func (n *nextHops) subscribe(stop chan struct{}) (*subscription, error) {
 	}
 	if err == nil {
 		err = netlink.RouteSubscribeWithOptions(s.route, s.done, netlink.RouteSubscribeOptions{Namespace: &ns, ErrorCallback: onErr, ReceiveBufferSize: buf})
+	}
+	if err == nil {
+		err = netlink.AddrSubscribeWithOptions(s.addr, s.done, netlink.AddrSubscribeOptions{Namespace: &ns, ErrorCallback: onErr, ReceiveBufferSize: buf})
 	}
 	if err != nil {
 		close(s.done)
@@ -677,6 +685,13 @@ func (n *nextHops) follow(stop chan struct{}, s *subscription) bool {
 				return true
 			}
 			n.routeChanged(u)
+		case u, ok := <-s.addr:
+			if !ok {
+				return true
+			}
+			if a, ok := netip.AddrFromSlice(u.LinkAddress.IP); ok && n.onAddr != nil {
+				n.onAddr(u.LinkIndex, a.Unmap(), u.NewAddr)
+			}
 		}
 	}
 }

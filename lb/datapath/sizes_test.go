@@ -45,6 +45,7 @@ var (
 		bpf.LbMapSrcRanges:       {size(bpf.LbSrcRangeKey{}), size(uint8(0))},
 		bpf.LbMapIcmpBuckets:     {size(uint32(0)), size(bpf.LbIcmpBucket{})},
 		bpf.LbMapInsertBuckets:   {size(uint32(0)), size(bpf.LbIcmpBucket{})},
+		bpf.LbMapReadmitBuckets:  {size(uint32(0)), size(bpf.LbIcmpBucket{})},
 		bpf.LbMapClockCache:      {size(uint32(0)), size(bpf.LbClockCopy{})},
 		bpf.LbMapSvcGen:          {size(uint32(0)), size(uint32(0))},
 		bpf.LbMapVipFilter:       {size(uint32(0)), size(uint64(0))},

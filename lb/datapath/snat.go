@@ -35,7 +35,8 @@ type SNATTimeouts struct {
 	// TCP applies to established TCP flows.
 	TCP time.Duration
 	// TCPClosing applies to TCP flows after a FIN or RST in either
-	// direction, and to flows that sent a SYN but no ACK yet.
+	// direction, and to flows whose backend has not answered (or, for a
+	// SYN, whose client has not acknowledged the answer) yet.
 	TCPClosing time.Duration
 	// UDP applies to UDP flows.
 	UDP time.Duration

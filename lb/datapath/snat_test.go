@@ -225,8 +225,19 @@ func revKey(be, snat netip.AddrPort, proto lb.Protocol) []byte {
 // missing.
 func (e *env) binding(t testing.TB, f maglev.Flow) (b binding, ok bool) {
 	t.Helper()
+	return e.bindingIn(t, f, bpf.LbMapSnatFwd, bpf.LbMapSnatRev)
+}
+
+// ovfBinding is f's binding in the overflow tables.
+func (e *env) ovfBinding(t testing.TB, f maglev.Flow) (b binding, ok bool) {
+	t.Helper()
+	return e.bindingIn(t, f, bpf.LbMapSnatFwdOvf, bpf.LbMapSnatRevOvf)
+}
+
+func (e *env) bindingIn(t testing.TB, f maglev.Flow, fwdMap, revMap string) (b binding, ok bool) {
+	t.Helper()
 	key := maglev.FlowKey(f)
-	if err := e.lb.Maps()[bpf.LbMapSnatFwd].Lookup(key[:], &b.fwd); err != nil {
+	if err := e.lb.Maps()[fwdMap].Lookup(key[:], &b.fwd); err != nil {
 		if errors.Is(err, ebpf.ErrKeyNotExist) {
 			return b, false
 		}
@@ -234,7 +245,7 @@ func (e *env) binding(t testing.TB, f maglev.Flow) (b binding, ok bool) {
 	}
 	be := netip.AddrPortFrom(netip.AddrFrom16(b.fwd.BackendAddr), ntohs(b.fwd.BackendPort))
 	snat := netip.AddrPortFrom(netip.AddrFrom16(b.fwd.SnatAddr), ntohs(b.fwd.SnatPort))
-	if err := e.lb.Maps()[bpf.LbMapSnatRev].Lookup(revKey(be, snat, lb.Protocol(f.Proto)), &b.rev); err != nil {
+	if err := e.lb.Maps()[revMap].Lookup(revKey(be, snat, lb.Protocol(f.Proto)), &b.rev); err != nil {
 		if errors.Is(err, ebpf.ErrKeyNotExist) {
 			return b, false
 		}
@@ -406,6 +417,9 @@ func TestSNATExhaustion(t *testing.T) {
 			if s0 == s1 {
 				t.Fatalf("two flows share %s", s0)
 			}
+			// Answered: open, so not for a new flow to take.
+			e.replySNAT(t, c.hook, flows[0], be, s0, false, false)
+			e.replySNAT(t, c.hook, flows[1], be, s1, false, false)
 
 			before := e.reasons(t)
 			for range 2 {
@@ -462,6 +476,7 @@ func TestSNATExpiry(t *testing.T) {
 			e.reconcile(t, svcs...)
 			for _, it := range items {
 				it.snat = e.sendSNAT(t, k, it.svc, it.a, clientPacket(it.a, false, true))
+				e.replySNAT(t, k, it.a, netip.AddrPortFrom(it.c.fam.backends[0], snatBackendPort), it.snat, false, false)
 				r := e.runOn(t, k, e.frame(t, clientPacket(it.b, false, true)))
 				if r.verdict != k.drop() {
 					t.Fatalf("%s: second flow while the first lives: verdict %s, want %s", it.c, k.verdictName(r.verdict), k.verdictName(k.drop()))
@@ -543,9 +558,8 @@ func TestSNATClosing(t *testing.T) {
 					}
 					snats[i] = source(t, r.out)
 					expectState(t, e, a.name+" after SYN", f, bpf.LbL4lbSnatStateL4LB_SNAT_SYN)
-					e.runOn(t, k, e.frame(t, clientPacket(f, false, true)))
-					expectState(t, e, a.name+" after ACK", f, bpf.LbL4lbSnatStateL4LB_SNAT_OPEN)
 					be := svcs[i].Backends[0].Addr
+					handshake(t, e, k, f, be, snats[i], a.name)
 					switch {
 					case a.client:
 						p := clientPacket(f, false, true)
@@ -590,6 +604,36 @@ func TestSNATClosing(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// handshake completes the TCP handshake of f, whose SYN made its binding
+// at snat: an ACK before the backend answered (what a spoofer sends after
+// its SYN) leaves the binding half-open; the backend's SYN+ACK, then the
+// client's ACK, open it.
+func handshake(t testing.TB, e *env, k hook, f maglev.Flow, be, snat netip.AddrPort, what string) {
+	t.Helper()
+	if r := e.runOn(t, k, e.frame(t, clientPacket(f, false, true))); r.verdict != k.tx() {
+		t.Fatalf("%s: ACK before the answer: verdict %s", what, k.verdictName(r.verdict))
+	}
+	expectState(t, e, what+" after an unanswered ACK", f, bpf.LbL4lbSnatStateL4LB_SNAT_SYN)
+	synAck(t, e, k, be, snat, what)
+	if b, ok := e.binding(t, f); !ok || b.rev.State != bpf.LbL4lbSnatStateL4LB_SNAT_SYN_ANSWERED {
+		t.Fatalf("%s: after the SYN+ACK: reverse state %v (bound %v), want syn answered", what, b.rev.State, ok)
+	}
+	if r := e.runOn(t, k, e.frame(t, clientPacket(f, false, true))); r.verdict != k.tx() {
+		t.Fatalf("%s: ACK: verdict %s", what, k.verdictName(r.verdict))
+	}
+	expectState(t, e, what+" after the client's ACK", f, bpf.LbL4lbSnatStateL4LB_SNAT_OPEN)
+}
+
+// synAck sends the backend's SYN+ACK on the binding at snat.
+func synAck(t testing.TB, e *env, k hook, be, snat netip.AddrPort, what string) {
+	t.Helper()
+	p := replyPacket(be, snat, lb.TCP, false, false)
+	p.SYN = true
+	if r := e.runOn(t, k, e.frame(t, p)); r.verdict != k.tx() {
+		t.Fatalf("%s: SYN+ACK: verdict %s", what, k.verdictName(r.verdict))
 	}
 }
 

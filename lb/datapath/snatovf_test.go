@@ -96,10 +96,15 @@ func TestSNATOverflowMark(t *testing.T) {
 				t.Fatalf("new datapath: SNAT overflow mark %d, want 0 (no overflow binding made)", m)
 			}
 
-			var (
+			type bound struct {
 				f    maglev.Flow
 				snat netip.AddrPort
-				sent int
+			}
+			var (
+				f      maglev.Flow
+				snat   netip.AddrPort
+				sent   int
+				opened []bound // the flows bound, with their SNAT address and port
 			)
 			for port := uint16(1000); ; port++ {
 				if port == 1000+hi-lo+1 {
@@ -109,6 +114,7 @@ func TestSNATOverflowMark(t *testing.T) {
 				ev := e.events(t)
 				snat = e.sendSNAT(t, c.hook, svc, f, clientPacket(f, c.proto == lb.TCP, false))
 				sent++
+				opened = append(opened, bound{f, snat})
 				if e.events(t)["snat_overflow"] > ev["snat_overflow"] {
 					break
 				}
@@ -121,6 +127,13 @@ func TestSNATOverflowMark(t *testing.T) {
 			if c.proto == lb.TCP {
 				if sent != 2 {
 					t.Fatalf("the first SYN overflowed; want it to take the one token")
+				}
+				// Both handshakes done, no token yet to promote the
+				// overflow one: two open bindings, which a new flow
+				// may not take (snat_preempt).
+				for _, o := range opened {
+					synAck(t, e, c.hook, be, o.snat, "handshake")
+					e.sendSNAT(t, c.hook, svc, o.f, clientPacket(o.f, false, true))
 				}
 				// A token for the third flow: its claim goes to the
 				// main tables, where the overflow binding's port
@@ -160,8 +173,11 @@ func TestSNATOverflowMark(t *testing.T) {
 func TestSNATOverflowMarkRestart(t *testing.T) {
 	testnet.RequireRoot(t)
 	dir := pinDir(t, "ovfmark")
-	timeouts := datapath.SNATTimeouts{TCP: time.Second, TCPClosing: time.Second, UDP: time.Second}
-	// A binding last used 10s ago is dead by these timeouts.
+	// A binding last used 10s ago is dead by these timeouts (with the
+	// mark's 2s of lateness), while one used before a load stays alive
+	// through it even when a loaded box takes seconds to verify the
+	// program.
+	timeouts := datapath.SNATTimeouts{TCP: 5 * time.Second, TCPClosing: 5 * time.Second, UDP: 5 * time.Second}
 	clockPast(t, 15*time.Second)
 	cfg := datapath.Config{
 		PinPath: dir, Seed: testSeed, MaxServices: 16, MaxBackends: 64, ConntrackMax: 4096,
