@@ -120,8 +120,9 @@ type Role int
 
 // The roles, in the order a starting box goes through them.
 const (
-	// RoleListening: just started, or back from a stall; the box hears
-	// the others for one detection time before it may claim the VIPs.
+	// RoleListening: just started (for one detection time), or back
+	// from a stall past its lease (for a quarter interval); the box
+	// hears the others before it may claim the VIPs.
 	RoleListening Role = iota
 	// RoleStandby: another box ranks higher; this one stays silent.
 	RoleStandby
@@ -204,10 +205,13 @@ type elector struct {
 	// longer be the active one.
 	lease atomic.Int64
 
-	mu          sync.Mutex
-	role        Role
-	since       time.Time
-	holdUntil   time.Time
+	mu        sync.Mutex
+	role      Role
+	since     time.Time
+	holdUntil time.Time
+	// resuming: back from a stall past the lease, reading what the
+	// others sent meanwhile before deciding.
+	resuming    bool
 	ready       bool
 	peers       map[string]*peer
 	transitions map[Role]uint64
@@ -295,26 +299,23 @@ func (e *elector) run(ctx context.Context, wg *sync.WaitGroup) {
 			adv.leaving = true
 			e.out(adv)
 			return
-		case now := <-tick.C:
-			e.tick(now)
+		case <-tick.C:
+			// Not the tick's own time: that is when it was due,
+			// which after a stall (SIGSTOP) is before the stall,
+			// inside the lease that has since lapsed.
+			e.tick(time.Now())
 		}
 	}
 }
 
 func (e *elector) tick(now time.Time) {
 	e.mu.Lock()
-	if e.role == RoleActive && !e.holds(now) {
-		// Stalled past the lease: another box may have taken over
-		// meanwhile. Step down and listen before claiming again, so
-		// that the two never answer at once.
-		e.log.Warn("L2 failover: this box stalled past its lease; stepping down and listening before claiming again",
-			"stalled", now.Sub(e.lastSent).Round(time.Millisecond), "listen", e.detection())
-		e.setRole(RoleListening, now)
-		e.holdUntil = now.Add(e.detection())
-	}
 	became := e.decideLocked(now)
 	var adv *advert
-	if became || now.Sub(e.lastSent) >= e.cfg.Interval-e.cfg.Interval/8 {
+	// Back from a stall, the box stays silent until it has decided:
+	// an advert now would say standby to a box that should wait, or
+	// active to one that took over.
+	if !e.resuming && (became || now.Sub(e.lastSent) >= e.cfg.Interval-e.cfg.Interval/8) {
 		a := e.sentLocked(now)
 		adv = &a
 	}
@@ -344,13 +345,29 @@ func (e *elector) advertLocked() advert {
 	}
 }
 
+// self is this box for the election. Back from a stall it still counts
+// as the active one against boxes that did not claim meanwhile, so that
+// a stall shorter than the detection time moves nothing.
 func (e *elector) self() candidate {
-	return candidate{ready: e.ready, priority: e.cfg.Priority, active: e.role == RoleActive, name: e.name, mac: e.mac}
+	return candidate{ready: e.ready, priority: e.cfg.Priority, active: e.role == RoleActive || e.resuming, name: e.name, mac: e.mac}
 }
 
 // decideLocked forgets the peers that went silent and takes or gives up
 // the VIPs; it reports whether this box just became active.
 func (e *elector) decideLocked(now time.Time) (became bool) {
+	if e.role == RoleActive && !e.holds(now) {
+		// Stalled past the lease: another box may have taken over
+		// meanwhile, and its adverts wait in the sockets. Stop
+		// answering and read them before deciding: a box that took
+		// over keeps the VIPs; if none did, this one goes on. Checked
+		// first on every path: after a stall, the adverts queued
+		// meanwhile may be read before the next tick.
+		e.log.Warn("L2 failover: this box stalled past its lease; not answering until it has heard the others",
+			"stalled", now.Sub(e.lastSent).Round(time.Millisecond))
+		e.setRole(RoleListening, now)
+		e.resuming = true
+		e.holdUntil = now.Add(e.cfg.Interval / 4)
+	}
 	for k, p := range e.peers {
 		if now.Sub(p.lastSeen) > time.Duration(e.cfg.DetectMultiplier)*p.adv.interval {
 			e.log.Warn("L2 failover: box gone (no advert within the detection time)", "peer", p.adv.name, "mac", p.mac, "was", roleOf(p.adv), "last_seen", now.Sub(p.lastSeen).Round(time.Millisecond))
@@ -363,11 +380,14 @@ func (e *elector) decideLocked(now time.Time) (became bool) {
 	self, best := e.self(), true
 	var winner *peer
 	for _, p := range e.peers {
-		if p.candidate().beats(self) {
+		// Back from a stall, a box that claimed meanwhile wins: it
+		// has moved the clients.
+		if p.candidate().beats(self) || e.resuming && p.adv.active {
 			best, winner = false, p
 			break
 		}
 	}
+	e.resuming = false
 	switch {
 	case best && e.role != RoleActive:
 		e.setRole(RoleActive, now)
@@ -459,7 +479,7 @@ func (e *elector) heard(li *l2Iface, mac net.HardwareAddr, a advert, now time.Ti
 	// A box new to this one gets this one's advert at once rather than
 	// at the next interval: a box starting up learns who is active,
 	// and a healed split ends sooner.
-	if became || reclaim || (!known && !a.leaving) {
+	if !e.resuming && (became || reclaim || (!known && !a.leaving)) {
 		sent := e.sentLocked(now)
 		adv = &sent
 	}

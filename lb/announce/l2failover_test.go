@@ -222,7 +222,14 @@ func TestElection(t *testing.T) {
 		if a.holds(now) {
 			t.Fatal("the frozen box's lease still runs after the other took over")
 		}
-		// a resumes: its first tick notices the lapsed lease.
+		// a resumes. What it reads first may be b's advert queued
+		// while it was frozen (b active): it must not take that for
+		// a conflict it wins.
+		activated := a.activated
+		b.deliver(now, a)
+		if a.current() != RoleListening || a.holds(now) || a.activated != activated {
+			t.Fatalf("a after its stall, hearing b: %s (holding %v, announced again %v), want listening", a.current(), a.holds(now), a.activated != activated)
+		}
 		a.tick(now)
 		if a.current() != RoleListening {
 			t.Fatalf("a after its stall: %s, want listening", a.current())
@@ -230,6 +237,26 @@ func TestElection(t *testing.T) {
 		run(&now, 2*time.Second, []*box{a, b}, nil)
 		if a.current() != RoleStandby || b.current() != RoleActive {
 			t.Fatalf("after a resumed: a %s, b %s", a.current(), b.current())
+		}
+	})
+
+	t.Run("a stall shorter than the detection time moves nothing", func(t *testing.T) {
+		a, b, now := pair(t, 100, 100)
+		// a freezes for 550 ms: its lease lapses, b does not take
+		// over yet.
+		run(&now, 550*time.Millisecond, []*box{b}, nil)
+		if a.holds(now) || b.current() != RoleStandby {
+			t.Fatalf("during a's stall: a holding %v, b %s", a.holds(now), b.current())
+		}
+		activated := a.activated
+		for range 20 {
+			run(&now, 50*time.Millisecond, []*box{a, b}, nil)
+			if b.current() == RoleActive {
+				t.Fatalf("b took over from a that stalled for less than the detection time")
+			}
+		}
+		if a.current() != RoleActive || !a.holds(now) || a.activated != activated+1 {
+			t.Fatalf("a after its stall: %s (holding %v), announced again %d times; want active, once", a.current(), a.holds(now), a.activated-activated)
 		}
 	})
 

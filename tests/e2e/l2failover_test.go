@@ -46,49 +46,27 @@ type arpWatch struct {
 	vip    netip.Addr
 	mu     sync.Mutex
 	frames []arpFrame
-	done   chan struct{}
 }
 
 func watchARP(t *testing.T, h *topo.Host, vip netip.Addr) *arpWatch {
-	w := &arpWatch{vip: vip, client: h.Addr4, done: make(chan struct{})}
-	err := h.NS.Do(func() error {
-		var err error
-		if w.ifi, err = net.InterfaceByName(h.Iface); err != nil {
-			return err
+	w := &arpWatch{vip: vip, client: h.Addr4}
+	w.ifi, w.conn = captureFrames(t, h, unix.ETH_P_ARP, func(pkt gopacket.Packet) {
+		arp, ok := pkt.Layer(layers.LayerTypeARP).(*layers.ARP)
+		if !ok || len(arp.SourceProtAddress) != 4 || netip.AddrFrom4([4]byte(arp.SourceProtAddress)) != vip {
+			return
 		}
-		w.conn, err = packet.Listen(w.ifi, packet.Raw, unix.ETH_P_ARP, nil)
-		return err
+		f := arpFrame{mac: net.HardwareAddr(arp.SourceHwAddress).String(), at: time.Now()}
+		switch {
+		case arp.Operation == layers.ARPReply:
+		case arp.Operation == layers.ARPRequest && slices.Equal(arp.SourceProtAddress, arp.DstProtAddress):
+			f.gratuitous = true
+		default:
+			return
+		}
+		w.mu.Lock()
+		w.frames = append(w.frames, f)
+		w.mu.Unlock()
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		defer close(w.done)
-		buf := make([]byte, 2048)
-		for {
-			n, _, err := w.conn.ReadFrom(buf)
-			if err != nil {
-				return
-			}
-			pkt := gopacket.NewPacket(buf[:n], layers.LayerTypeEthernet, gopacket.Default)
-			arp, ok := pkt.Layer(layers.LayerTypeARP).(*layers.ARP)
-			if !ok || netip.AddrFrom4([4]byte(arp.SourceProtAddress)) != vip {
-				continue
-			}
-			f := arpFrame{mac: net.HardwareAddr(arp.SourceHwAddress).String(), at: time.Now()}
-			switch {
-			case arp.Operation == layers.ARPReply:
-			case arp.Operation == layers.ARPRequest && slices.Equal(arp.SourceProtAddress, arp.DstProtAddress):
-				f.gratuitous = true
-			default:
-				continue
-			}
-			w.mu.Lock()
-			w.frames = append(w.frames, f)
-			w.mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() { w.conn.Close(); <-w.done })
 	return w
 }
 
@@ -261,27 +239,32 @@ func TestL2Failover(t *testing.T) {
 		name string
 		// split: the failed box lives on, cut off, and stays active.
 		split bool
-		fail  func(d *topo.L4LBD) (restore func())
+		// fail returns when the failure began (after any preparation)
+		// and how to undo it.
+		fail func(d *topo.L4LBD) (restore func(), at time.Time)
 	}
 	failures := []failure{
-		{"l4lbd killed (SIGKILL)", false, func(d *topo.L4LBD) func() {
+		{"l4lbd killed (SIGKILL)", false, func(d *topo.L4LBD) (func(), time.Time) {
+			at := time.Now()
 			d.Kill()
-			return d.Start
+			return d.Start, at
 		}},
-		{"l4lbd frozen (SIGSTOP)", false, func(d *topo.L4LBD) func() {
+		{"l4lbd frozen (SIGSTOP)", false, func(d *topo.L4LBD) (func(), time.Time) {
+			at := time.Now()
 			if err := d.Signal(syscall.SIGSTOP); err != nil {
 				t.Fatal(err)
 			}
-			return func() { _ = d.Signal(syscall.SIGCONT) }
+			return func() { _ = d.Signal(syscall.SIGCONT) }, at
 		}},
-		{"switch port dropping every frame", true, func(d *topo.L4LBD) func() {
-			return tp.Blackhole(d.Host)
+		{"switch port dropping every frame", true, func(d *topo.L4LBD) (func(), time.Time) {
+			return tp.BlackholeAt(d.Host)
 		}},
-		{"l4lbd stopped (SIGTERM)", false, func(d *topo.L4LBD) func() {
+		{"l4lbd stopped (SIGTERM)", false, func(d *topo.L4LBD) (func(), time.Time) {
+			at := time.Now()
 			if err := d.Stop(); err != nil {
 				t.Fatalf("stop: %v", err)
 			}
-			return d.Start
+			return d.Start, at
 		}},
 	}
 	var splitDoubles []int
@@ -295,9 +278,8 @@ func TestL2Failover(t *testing.T) {
 			// Watched from before the failure: a clean stop hands
 			// over before l4lbd has exited.
 			movedC := make(chan time.Time, 1)
-			start := time.Now()
 			go func() {
-				for deadline := start.Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(2 * time.Millisecond) {
+				for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(2 * time.Millisecond) {
 					if clientNeighbour(tp, clientIdx, l2VIP) == to.Host.MAC.String() {
 						movedC <- time.Now()
 						return
@@ -305,7 +287,7 @@ func TestL2Failover(t *testing.T) {
 				}
 				movedC <- time.Time{}
 			}()
-			restore := f.fail(from)
+			restore, start := f.fail(from)
 			moved := <-movedC
 			if moved.IsZero() {
 				restore()
@@ -359,6 +341,11 @@ func TestL2Failover(t *testing.T) {
 				splitDoubles = append(splitDoubles, len(doubles))
 				t.Logf("%s, trial %d: back, %s active; ARP answers by MAC: %v; questions answered twice while the split healed: %d %v", f.name, i, active.Host.Name, answered, len(doubles), doubles)
 				continue
+			}
+			if active != to {
+				// Equal priorities: the box that took over keeps the
+				// VIPs, so the clients do not move twice.
+				t.Errorf("%s, trial %d: %s took the VIPs back from %s when it came back", f.name, i, active.Host.Name, to.Host.Name)
 			}
 			if len(doubles) > 0 || len(answered) != 1 || answered[active.Host.MAC.String()] == 0 {
 				t.Errorf("%s, trial %d: ARP answers while %s came back, by MAC: %v, answered twice: %v; want only the active %s (%s)", f.name, i, from.Host.Name, answered, doubles, active.Host.Name, active.Host.MAC)
