@@ -181,12 +181,15 @@ compare: deps-compare build
 	$(GO) run ./tests/compare -l4lbd $(BIN)/l4lbd -l4lbctl $(BIN)/l4lbctl $(COMPARE_FLAGS)
 
 # Box failure against BIRD with BFD, FAILOVER_TRIALS times each: frozen
-# l4lbd, link dropping frames with carrier up, health-driven withdrawal.
-# Prints the MEASURE lines (median, p99, min, max); docs/scale-out.md.
+# l4lbd, link dropping frames with carrier up, health-driven withdrawal;
+# and L2 takeover between two boxes ([l2.failover]): l4lbd killed, frozen,
+# cut off, stopped. Prints the MEASURE lines (median, p99, min, max);
+# docs/scale-out.md. FAILOVER_RUN=TestL2Failover runs one of them.
 FAILOVER_TRIALS ?= 10
+FAILOVER_RUN ?= TestBFDFailover|TestL2Failover
 failover: deps
 	@mkdir -p $(BIN)
-	@L4LB_PRIVILEGED_TESTS=1 L4LB_FAILOVER_TRIALS=$(FAILOVER_TRIALS) $(GO) test ./tests/e2e -run 'TestBFDFailover' -v $(TESTFLAGS) >$(BIN)/failover.log 2>&1; \
+	@L4LB_PRIVILEGED_TESTS=1 L4LB_FAILOVER_TRIALS=$(FAILOVER_TRIALS) $(GO) test ./tests/e2e -run '$(FAILOVER_RUN)' -v $(TESTFLAGS) >$(BIN)/failover.log 2>&1; \
 		rc=$$?; grep -E 'MEASURE|^(---|ok|FAIL|PASS)' $(BIN)/failover.log; echo "full log: $(BIN)/failover.log"; exit $$rc
 
 # The units name /usr/local binaries; installing under another PREFIX

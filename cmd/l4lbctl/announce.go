@@ -113,6 +113,15 @@ func announceSummary(tw io.Writer, st api.Status) {
 			names = append(names, fmt.Sprintf("%s (%d ARP, %d ND replies, %d gratuitous)", i.Name, i.ARPReplies, i.NDReplies, i.GratuitousSent))
 		}
 		fmt.Fprintf(tw, "l2\t%d of %d VIPs answered on %s\n", count(l.VIPs), len(l.VIPs), strings.Join(names, ", "))
+		if f := l.Failover; f != nil {
+			fmt.Fprintf(tw, "\t  failover: %s since %s (%s, group %d, priority %d, %d × %s)\n", f.Role, f.Since.Format(time.RFC3339), f.Name, f.Group, f.Priority, f.DetectMultiplier, f.Interval)
+			for _, p := range f.Peers {
+				fmt.Fprintf(tw, "\t  peer %s %s: %s, priority %d%s, heard %s ago on %s\n", p.Name, p.MAC, p.Role, p.Priority, notReady(p.Ready), time.Since(p.LastSeen).Round(time.Millisecond), p.Interface)
+			}
+			if len(f.Peers) == 0 {
+				fmt.Fprintf(tw, "\t  no other box of group %d heard: no standby\n", f.Group)
+			}
+		}
 		for _, v := range l.VIPs {
 			if !v.Announced {
 				fmt.Fprintf(tw, "\t  %s withheld: %s\n", v.VIP, v.Reason)
@@ -122,6 +131,13 @@ func announceSummary(tw io.Writer, st api.Status) {
 	for _, w := range st.FleetWarnings {
 		fmt.Fprintf(tw, "fleet\t%s\n", w)
 	}
+}
+
+func notReady(ready bool) string {
+	if ready {
+		return ""
+	}
+	return " (still probing its backends)"
 }
 
 func yesNo(b bool) string {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/netip"
 	"slices"
@@ -52,6 +53,8 @@ type Responder struct {
 	ctx     context.Context
 	cancel  context.CancelFunc
 	minimum int
+	// fo is nil without [l2.failover]: this box answers alone.
+	fo *elector
 }
 
 // l2Iface is one interface's sockets and counters.
@@ -59,6 +62,8 @@ type l2Iface struct {
 	ifi       *net.Interface
 	linkLocal netip.Addr // NA source; invalid when the interface has none
 	arp, nd   *packet.Conn
+	// adv carries the failover adverts; nil without failover.
+	adv *packet.Conn
 	// groups counts the VIPs per solicited-node multicast MAC joined.
 	groups map[string]int
 
@@ -107,6 +112,23 @@ func NewResponder(cfg *config.L2, log *slog.Logger) (*Responder, error) {
 			return nil, err
 		}
 		r.ifaces = append(r.ifaces, li)
+		if cfg.Failover != nil {
+			if err := li.openAdverts(); err != nil {
+				r.cancel()
+				r.close()
+				return nil, err
+			}
+		}
+	}
+	if cfg.Failover != nil && len(r.ifaces) > 0 {
+		fo, err := newElector(*cfg.Failover, r.ifaces, r.log)
+		if err != nil {
+			r.cancel()
+			r.close()
+			return nil, err
+		}
+		fo.onActive = r.announceAll
+		r.fo = fo
 	}
 	return r, nil
 }
@@ -154,10 +176,49 @@ func (r *Responder) Run(ctx context.Context) {
 		go func() { defer r.wg.Done(); r.readARP(li) }()
 		go func() { defer r.wg.Done(); r.readND(li) }()
 	}
-	r.log.Info("answering ARP and neighbour solicitations for announced VIPs", "interfaces", r.names())
+	r.log.Info("answering ARP and neighbour solicitations for announced VIPs", "interfaces", r.names(), "failover", r.fo != nil)
+	var foDone chan struct{}
+	if r.fo != nil {
+		foDone = make(chan struct{})
+		go func() { defer close(foDone); r.fo.run(r.ctx, &r.wg) }()
+	}
 	<-r.ctx.Done()
+	if foDone != nil {
+		// The elector's last advert (leaving) goes out before the
+		// sockets close.
+		<-foDone
+	}
 	r.close()
 	r.wg.Wait()
+}
+
+// answering reports whether this box answers for its VIPs now: always
+// without failover, while it is the active box and its lease runs.
+func (r *Responder) answering() bool { return r.fo == nil || r.fo.holds(time.Now()) }
+
+// Ready tells the failover election that every checked backend has had a
+// probe end, so that the VIPs this box answers for are the complete set.
+// A box that is not ready yields to one that is.
+func (r *Responder) Ready() {
+	if r.fo != nil {
+		r.fo.setReady(time.Now())
+	}
+}
+
+// announceAll announces every announced VIP, for a box that just became
+// the active one.
+func (r *Responder) announceAll() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	vips := slices.SortedFunc(maps.Keys(r.vips), netip.Addr.Compare)
+	if len(vips) == 0 {
+		return
+	}
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		r.announce(vips)
+	}()
 }
 
 func (r *Responder) close() {
@@ -167,6 +228,9 @@ func (r *Responder) close() {
 		}
 		if li.nd != nil {
 			li.nd.Close()
+		}
+		if li.adv != nil {
+			li.adv.Close()
 		}
 	}
 }
@@ -210,7 +274,7 @@ func (r *Responder) Set(vips []netip.Addr) {
 	}
 	r.vips = next
 	r.cur.Store(&next)
-	if len(add) > 0 {
+	if len(add) > 0 && r.answering() {
 		r.wg.Add(1)
 		go func() {
 			defer r.wg.Done()
@@ -231,6 +295,9 @@ func (r *Responder) announce(vips []netip.Addr) {
 		case <-time.After(at - last):
 		}
 		last = at
+		if !r.answering() {
+			return
+		}
 		cur := *r.cur.Load()
 		for _, a := range vips {
 			if !cur[a] {
@@ -371,7 +438,7 @@ func (r *Responder) readARP(li *l2Iface) {
 			continue
 		}
 		target := netip.AddrFrom4([4]byte(arp.DstProtAddress))
-		if !(*r.cur.Load())[target] || slices.Equal(arp.SourceHwAddress, li.ifi.HardwareAddr) {
+		if !(*r.cur.Load())[target] || slices.Equal(arp.SourceHwAddress, li.ifi.HardwareAddr) || !r.answering() {
 			continue
 		}
 		sender := netip.AddrFrom4([4]byte(arp.SourceProtAddress))
@@ -414,7 +481,7 @@ func (r *Responder) readND(li *l2Iface) {
 			continue
 		}
 		target, ok := netip.AddrFromSlice(ns.TargetAddress)
-		if !ok || !(*r.cur.Load())[target] || slices.Equal(eth.SrcMAC, li.ifi.HardwareAddr) {
+		if !ok || !(*r.cur.Load())[target] || slices.Equal(eth.SrcMAC, li.ifi.HardwareAddr) || !r.answering() {
 			continue
 		}
 		from, _ := netip.AddrFromSlice(ip6.SrcIP)
@@ -444,6 +511,8 @@ type InterfaceStatus struct {
 type ResponderStatus struct {
 	Announced  []netip.Addr
 	Interfaces []InterfaceStatus
+	// Failover is nil without [l2.failover].
+	Failover *FailoverStatus
 }
 
 // Status reports the answered VIPs and the counters.
@@ -457,6 +526,9 @@ func (r *Responder) Status() ResponderStatus {
 		st.Interfaces = append(st.Interfaces, InterfaceStatus{
 			Name: li.ifi.Name, ARPReplies: li.arpReplies.Load(), NDReplies: li.ndReplies.Load(), GratuitousSent: li.gratuitousSent.Load(),
 		})
+	}
+	if r.fo != nil {
+		st.Failover = r.fo.status()
 	}
 	return st
 }

@@ -141,6 +141,41 @@ type AnnouncedVIP struct {
 type L2Status struct {
 	VIPs       []AnnouncedVIP `json:"vips"`
 	Interfaces []L2Interface  `json:"interfaces"`
+	// Failover is nil without [l2.failover].
+	Failover *L2Failover `json:"failover,omitempty"`
+}
+
+// L2Failover is this box's part in active/standby failover between the
+// L2 boxes of its segment.
+type L2Failover struct {
+	Name     string `json:"name"`
+	Group    uint8  `json:"group"`
+	Priority uint8  `json:"priority"`
+	// Role is "active" (answering for the VIPs), "standby" or
+	// "listening" (started or back from a stall, not yet claiming).
+	Role  string    `json:"role"`
+	Since time.Time `json:"since"`
+	// Ready: every checked backend has had a probe end.
+	Ready bool `json:"ready"`
+	// Transitions counts the entries into each role since l4lbd started.
+	Transitions map[string]uint64 `json:"transitions"`
+	// Conflicts counts adverts of another active box while this one was
+	// active.
+	Conflicts        uint64   `json:"conflicts"`
+	Interval         string   `json:"interval"`
+	DetectMultiplier uint8    `json:"detect_multiplier"`
+	Peers            []L2Peer `json:"peers"`
+}
+
+// L2Peer is another box of the failover group, as its last advert said.
+type L2Peer struct {
+	Name      string    `json:"name"`
+	MAC       string    `json:"mac"`
+	Interface string    `json:"interface"`
+	Priority  uint8     `json:"priority"`
+	Role      string    `json:"role"`
+	Ready     bool      `json:"ready"`
+	LastSeen  time.Time `json:"last_seen"`
 }
 
 // L2Interface counts what the responder sent on one interface.

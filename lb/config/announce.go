@@ -35,6 +35,13 @@ const (
 	// maxRestartTime is what the 12-bit field of the graceful restart
 	// capability holds (RFC 4724).
 	maxRestartTime = 4095
+	// L2 failover: a box that misses 3 adverts sent every 200 ms is gone.
+	defaultL2Priority   = 100
+	defaultL2Group      = 1
+	defaultL2Interval   = 200 * time.Millisecond
+	defaultL2Multiplier = 3
+	minL2Interval       = 10 * time.Millisecond
+	maxL2Interval       = 10 * time.Second
 	// Consul refuses session TTLs outside 10s..24h.
 	minSessionTTL = 10 * time.Second
 	maxSessionTTL = 24 * time.Hour
@@ -160,6 +167,33 @@ func (b BFD) DetectionTime() time.Duration {
 type L2 struct {
 	Interfaces []string
 	MinHealthy int
+	// Failover is nil when [l2.failover] is absent or disabled: this box
+	// answers alone.
+	Failover *L2Failover
+}
+
+// L2Failover holds the settings of active/standby failover between the
+// boxes of one segment ([l2.failover]): the live box with the best
+// (priority, name) answers, the others stay silent until it is gone.
+type L2Failover struct {
+	// Name identifies the box in its adverts; empty means its host name.
+	Name string
+	// Group separates independent sets of boxes on one segment: a box
+	// hears only the adverts of its own group.
+	Group uint8
+	// Priority ranks the boxes (higher wins); equal priorities keep the
+	// box that is active, so a box coming back does not take over.
+	Priority uint8
+	// Interval is how often a box sends its advert.
+	Interval time.Duration
+	// DetectMultiplier adverts missed in a row take a box for gone.
+	DetectMultiplier uint8
+}
+
+// DetectionTime is how long a box may stay silent before the others take
+// it for gone.
+func (f L2Failover) DetectionTime() time.Duration {
+	return time.Duration(f.DetectMultiplier) * f.Interval
 }
 
 // Fleet holds the settings of the fleet check ([fleet]): this box's
@@ -501,7 +535,50 @@ func (c *checker) l2(r *rawL2, dp *Datapath) *L2 {
 	if n, ok := s.intIn("announce_min_healthy", r.MinHealthy, 1, maxMinHealthy, fmt.Sprintf("use 1..%d healthy backends (default %d)", maxMinHealthy, defaultMinHealthy)); ok {
 		l.MinHealthy = int(n)
 	}
+	l.Failover = l2Failover(s.sub("failover"), r.Failover)
 	return l
+}
+
+// l2Failover validates [l2.failover]. Absent means off; present means on
+// unless enabled = false, as for [bgp.peer.bfd].
+func l2Failover(s scope, r *rawL2Failover) *L2Failover {
+	if r == nil {
+		return nil
+	}
+	f := &L2Failover{Group: defaultL2Group, Priority: defaultL2Priority, Interval: defaultL2Interval, DetectMultiplier: defaultL2Multiplier}
+	enabled := true
+	if v, ok := s.boolean("enabled", r.Enabled); ok {
+		enabled = v
+	}
+	if v, ok := s.str("name", r.Name); ok {
+		// The name travels in every advert, one length byte before it.
+		if v == "" || len(v) > 64 || strings.ContainsFunc(v, func(c rune) bool { return c <= ' ' || c > '~' }) {
+			s.errorf("name", "%s = %q: use 1..64 printable ASCII characters without spaces, unique among the boxes of the group (default: the host name)", s.name("name"), v)
+		} else {
+			f.Name = v
+		}
+	}
+	if n, ok := s.intIn("group", r.Group, 1, 255, fmt.Sprintf("use 1..255 (default %d); boxes that back each other up share one", defaultL2Group)); ok {
+		f.Group = uint8(n)
+	}
+	if n, ok := s.intIn("priority", r.Priority, 1, 255, fmt.Sprintf("use 1..255, higher wins (default %d)", defaultL2Priority)); ok {
+		f.Priority = uint8(n)
+	}
+	// One missed advert must not move the VIPs: at least two.
+	if n, ok := s.intIn("detect_multiplier", r.DetectMultiplier, 2, 255, fmt.Sprintf("use 2..255 (default %d)", defaultL2Multiplier)); ok {
+		f.DetectMultiplier = uint8(n)
+	}
+	if d, ok := s.duration("interval", r.Interval); ok {
+		if d < minL2Interval || d > maxL2Interval || d%time.Millisecond != 0 {
+			s.errorf("interval", "%s = %q is out of range: use %s..%s in whole milliseconds (default %s)", s.name("interval"), r.Interval, minL2Interval, maxL2Interval, defaultL2Interval)
+		} else {
+			f.Interval = d
+		}
+	}
+	if !enabled {
+		return nil
+	}
+	return f
 }
 
 // fleet validates [fleet]; it returns nil when the check is off. Without

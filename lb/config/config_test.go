@@ -435,6 +435,33 @@ protocol = "tcp"
 			},
 		},
 		{
+			name: "l2 failover defaults",
+			doc:  head + "[l2]\n[l2.failover]\n",
+			want: func() *Config {
+				c := base()
+				c.L2 = &L2{Interfaces: c.Datapath.Interfaces, MinHealthy: 1, Failover: &L2Failover{Group: 1, Priority: 100, Interval: 200 * time.Millisecond, DetectMultiplier: 3}}
+				return c
+			},
+		},
+		{
+			name: "l2 failover set",
+			doc:  head + "[l2]\n[l2.failover]\nname = \"lb-a\"\ngroup = 7\npriority = 200\ninterval = \"100ms\"\ndetect_multiplier = 4\n",
+			want: func() *Config {
+				c := base()
+				c.L2 = &L2{Interfaces: c.Datapath.Interfaces, MinHealthy: 1, Failover: &L2Failover{Name: "lb-a", Group: 7, Priority: 200, Interval: 100 * time.Millisecond, DetectMultiplier: 4}}
+				return c
+			},
+		},
+		{
+			name: "l2 failover disabled",
+			doc:  head + "[l2]\n[l2.failover]\nenabled = false\npriority = 200\n",
+			want: func() *Config {
+				c := base()
+				c.L2 = &L2{Interfaces: c.Datapath.Interfaces, MinHealthy: 1}
+				return c
+			},
+		},
+		{
 			name: "fleet without publishing",
 			doc:  head + "[discovery.consul]\n[fleet]\npublish = false\n",
 			want: func() *Config {

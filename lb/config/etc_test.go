@@ -159,7 +159,7 @@ func TestEtcDiscoveryBlockParses(t *testing.T) {
 		t.Fatal(err)
 	}
 	// [bgp] has required keys; the rest must be the defaults.
-	minimal, err := Parse("minimal bgp", []byte(head+"[discovery.consul]\n[bgp]\nasn = 65001\nrouter_id = \"10.0.0.2\"\n[[bgp.peer]]\naddress = \"10.0.0.1\"\nasn = 65000\n[l2]\n[fleet]\n"), Options{})
+	minimal, err := Parse("minimal bgp", []byte(head+"[discovery.consul]\n[bgp]\nasn = 65001\nrouter_id = \"10.0.0.2\"\n[[bgp.peer]]\naddress = \"10.0.0.1\"\nasn = 65000\n[l2]\n[l2.failover]\n[fleet]\n"), Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

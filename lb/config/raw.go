@@ -192,8 +192,18 @@ type rawBFD struct {
 }
 
 type rawL2 struct {
-	Interfaces any `toml:"interfaces"`
-	MinHealthy any `toml:"announce_min_healthy"`
+	Interfaces any            `toml:"interfaces"`
+	MinHealthy any            `toml:"announce_min_healthy"`
+	Failover   *rawL2Failover `toml:"failover"`
+}
+
+type rawL2Failover struct {
+	Enabled          any `toml:"enabled"`
+	Name             any `toml:"name"`
+	Group            any `toml:"group"`
+	Priority         any `toml:"priority"`
+	Interval         any `toml:"interval"`
+	DetectMultiplier any `toml:"detect_multiplier"`
 }
 
 type rawFleet struct {

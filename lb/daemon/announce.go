@@ -238,6 +238,11 @@ func (d *Daemon) announceWith(v *view, states func(health.Key) (health.Status, b
 	if a.l2 != nil {
 		v.l2VIPs = announce.Decide(in, a.l2.MinHealthy())
 		a.l2.Set(announce.Announced(v.l2VIPs))
+		if !unprobed {
+			// Failover: a box whose set is complete outranks one
+			// still probing.
+			a.l2.Ready()
+		}
 	}
 }
 
@@ -310,6 +315,24 @@ func (d *Daemon) l2Status(v *view) *api.L2Status {
 	out := &api.L2Status{VIPs: apiVIPs(v.l2VIPs), Interfaces: []api.L2Interface{}}
 	for _, i := range st.Interfaces {
 		out.Interfaces = append(out.Interfaces, api.L2Interface{Name: i.Name, ARPReplies: i.ARPReplies, NDReplies: i.NDReplies, GratuitousSent: i.GratuitousSent})
+	}
+	out.Failover = apiFailover(st.Failover)
+	return out
+}
+
+func apiFailover(f *announce.FailoverStatus) *api.L2Failover {
+	if f == nil {
+		return nil
+	}
+	out := &api.L2Failover{
+		Name: f.Name, Group: f.Group, Priority: f.Priority, Role: f.Role.String(), Since: f.Since, Ready: f.Ready,
+		Transitions: map[string]uint64{}, Conflicts: f.Conflicts, Interval: f.Interval.String(), DetectMultiplier: f.DetectMultiplier, Peers: []api.L2Peer{},
+	}
+	for r, n := range f.Transitions {
+		out.Transitions[r.String()] = n
+	}
+	for _, p := range f.Peers {
+		out.Peers = append(out.Peers, api.L2Peer{Name: p.Name, MAC: p.MAC.String(), Interface: p.Interface, Priority: p.Priority, Role: p.Role.String(), Ready: p.Ready, LastSeen: p.LastSeen})
 	}
 	return out
 }

@@ -117,6 +117,9 @@ func (d *Daemon) Snapshot() metrics.Snapshot {
 		for _, i := range l.Interfaces {
 			ml.Interfaces = append(ml.Interfaces, metrics.L2Interface{Name: i.Name, ARPReplies: i.ARPReplies, NDReplies: i.NDReplies, Gratuitous: i.GratuitousSent})
 		}
+		if f := l.Failover; f != nil {
+			ml.Failover = &metrics.L2Failover{Role: f.Role, Transitions: f.Transitions, Peers: len(f.Peers), Conflicts: f.Conflicts}
+		}
 		snap.L2 = ml
 	}
 	return snap

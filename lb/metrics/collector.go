@@ -134,6 +134,16 @@ var (
 		"ARP replies (kind=arp) and neighbour advertisements (kind=nd) sent for VIPs.", []string{labelInterface, labelKind}, nil)
 	descL2Gratuitous = prometheus.NewDesc("l4lb_l2_gratuitous_sent_total",
 		"Gratuitous ARPs and unsolicited neighbour advertisements sent for VIPs that appeared.", []string{labelInterface}, nil)
+	descL2Active = prometheus.NewDesc("l4lb_l2_failover_active",
+		"1 while this box is the active one of its L2 failover group and answers for the VIPs, 0 otherwise; absent without [l2.failover].", nil, nil)
+	descL2Role = prometheus.NewDesc("l4lb_l2_failover_role",
+		"1 for this box's current L2 failover role (active, standby, listening), 0 for the others.", []string{"role"}, nil)
+	descL2Transitions = prometheus.NewDesc("l4lb_l2_failover_transitions_total",
+		"Times this box entered the L2 failover role since l4lbd started; a rising active count on several boxes is a flapping group.", []string{"role"}, nil)
+	descL2Peers = prometheus.NewDesc("l4lb_l2_failover_peers",
+		"Other boxes of the L2 failover group heard within the detection time.", nil, nil)
+	descL2Conflicts = prometheus.NewDesc("l4lb_l2_failover_conflicts_total",
+		"Adverts of another active box received while this one was active (a split segment that healed, or two boxes with one name).", nil, nil)
 
 	descFleetBoxes = prometheus.NewDesc("l4lb_fleet_boxes",
 		"LB boxes whose fleet records this box sees in Consul, itself included.", nil, nil)
@@ -167,7 +177,7 @@ var allDescs = []*prometheus.Desc{
 	descMapEntries, descMapCapacity,
 	descDiscoverySync, descDiscoveryServices, descConflicting, descRefused,
 	descPendingRestart, descSeedInfo, descBGPAnnounced, descBGPPeerUp, descBGPPeerAdvertised, descBGPUpdatesSent, descBGPUpdatesReceived, descBFDUp, descBFDTransitions,
-	descL2Announced, descL2Replies, descL2Gratuitous, descFleetBoxes, descFleetMismatch,
+	descL2Announced, descL2Replies, descL2Gratuitous, descL2Active, descL2Role, descL2Transitions, descL2Peers, descL2Conflicts, descFleetBoxes, descFleetMismatch,
 	descIPFIXSent, descIPFIXDropped, descIPFIXRecords, descIPFIXTracked, descIPFIXUntracked, descIPFIXScan,
 	descScrapeError,
 }
@@ -394,6 +404,23 @@ func (e emitter) announce(s Snapshot) {
 			e.counter(descL2Replies, i.ARPReplies, i.Name, "arp")
 			e.counter(descL2Replies, i.NDReplies, i.Name, "nd")
 			e.counter(descL2Gratuitous, i.Gratuitous, i.Name)
+		}
+		if f := l.Failover; f != nil {
+			active := 0.0
+			if f.Role == "active" {
+				active = 1
+			}
+			e.gauge(descL2Active, active)
+			for _, r := range []string{"active", "standby", "listening"} {
+				on := 0.0
+				if f.Role == r {
+					on = 1
+				}
+				e.gauge(descL2Role, on, r)
+				e.counter(descL2Transitions, f.Transitions[r], r)
+			}
+			e.gauge(descL2Peers, float64(f.Peers))
+			e.counter(descL2Conflicts, f.Conflicts)
 		}
 	}
 	if f := s.Fleet; f != nil {

@@ -355,7 +355,8 @@ func announceSnapshot() Snapshot {
 				BFD: &BFD{Up: true, Transitions: map[string]uint64{"up": 2, "down": 1, "init": 2, "admin_down": 0}}},
 			{Address: "2001:db8::1", Up: false},
 		}},
-		L2:    &L2{Announced: 1, Interfaces: []L2Interface{{Name: "eth0", ARPReplies: 7, NDReplies: 3, Gratuitous: 4}}},
+		L2: &L2{Announced: 1, Interfaces: []L2Interface{{Name: "eth0", ARPReplies: 7, NDReplies: 3, Gratuitous: 4}},
+			Failover: &L2Failover{Role: "standby", Transitions: map[string]uint64{"listening": 2, "active": 1, "standby": 2}, Peers: 1, Conflicts: 1}},
 		Fleet: &Fleet{Boxes: 2, Mismatch: map[string]bool{"web": true, "dns": false}},
 	}
 }
@@ -399,6 +400,25 @@ l4lb_fleet_mismatch{service="web"} 1
 # HELP l4lb_l2_announced_vips VIPs whose ARP requests and neighbour solicitations this box answers.
 # TYPE l4lb_l2_announced_vips gauge
 l4lb_l2_announced_vips 1
+# HELP l4lb_l2_failover_active 1 while this box is the active one of its L2 failover group and answers for the VIPs, 0 otherwise; absent without [l2.failover].
+# TYPE l4lb_l2_failover_active gauge
+l4lb_l2_failover_active 0
+# HELP l4lb_l2_failover_conflicts_total Adverts of another active box received while this one was active (a split segment that healed, or two boxes with one name).
+# TYPE l4lb_l2_failover_conflicts_total counter
+l4lb_l2_failover_conflicts_total 1
+# HELP l4lb_l2_failover_peers Other boxes of the L2 failover group heard within the detection time.
+# TYPE l4lb_l2_failover_peers gauge
+l4lb_l2_failover_peers 1
+# HELP l4lb_l2_failover_role 1 for this box's current L2 failover role (active, standby, listening), 0 for the others.
+# TYPE l4lb_l2_failover_role gauge
+l4lb_l2_failover_role{role="active"} 0
+l4lb_l2_failover_role{role="listening"} 0
+l4lb_l2_failover_role{role="standby"} 1
+# HELP l4lb_l2_failover_transitions_total Times this box entered the L2 failover role since l4lbd started; a rising active count on several boxes is a flapping group.
+# TYPE l4lb_l2_failover_transitions_total counter
+l4lb_l2_failover_transitions_total{role="active"} 1
+l4lb_l2_failover_transitions_total{role="listening"} 2
+l4lb_l2_failover_transitions_total{role="standby"} 2
 # HELP l4lb_l2_gratuitous_sent_total Gratuitous ARPs and unsolicited neighbour advertisements sent for VIPs that appeared.
 # TYPE l4lb_l2_gratuitous_sent_total counter
 l4lb_l2_gratuitous_sent_total{interface="eth0"} 4

@@ -127,6 +127,22 @@ type L2 struct {
 	// Announced counts the VIPs answered for.
 	Announced  int
 	Interfaces []L2Interface
+	// Failover is nil without [l2.failover].
+	Failover *L2Failover
+}
+
+// L2Failover is this box's part in L2 failover.
+type L2Failover struct {
+	// Role is "active", "standby" or "listening".
+	Role string
+	// Transitions counts the entries into each role (the role label).
+	Transitions map[string]uint64
+	// Peers counts the other boxes of the group heard within the
+	// detection time.
+	Peers int
+	// Conflicts counts adverts of another active box while this one was
+	// active.
+	Conflicts uint64
 }
 
 // L2Interface counts the responder's frames on one interface.

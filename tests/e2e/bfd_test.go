@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -51,6 +52,7 @@ func birdBFDConfig(dir string, lbs []*topo.Host) string {
 	fmt.Fprintf(&b, `
 router id 10.100.0.1;
 log "%s/bird.log" all;
+timeformat log iso long ms;
 protocol device { scan time 1; }
 protocol kernel kernel4 { ipv4 { import none; export all; }; merge paths on; }
 protocol bfd {
@@ -65,6 +67,7 @@ template bgp lb {
 	error wait time 1, 2;
 	graceful restart on;
 	bfd on;
+	debug { events };       # logs "BFD session down", timed in ms
 }
 `, dir)
 	for _, h := range lbs {
@@ -112,6 +115,27 @@ func durations(ds []time.Duration) string {
 	p99 := s[(99*len(s)+99)/100-1]
 	r := func(d time.Duration) time.Duration { return d.Round(time.Millisecond) }
 	return fmt.Sprintf("n=%d median %s p99 %s min %s max %s", len(s), r(s[len(s)/2]), r(p99), r(s[0]), r(s[len(s)-1]))
+}
+
+// birdBFDDown is when BIRD logged the BFD session of protocol name down,
+// the first time at or after since (bird.log, millisecond timestamps in
+// local time).
+func birdBFDDown(r *bird.Router, name string, since time.Time) (time.Time, bool) {
+	b, err := os.ReadFile(filepath.Join(r.Dir, "bird.log"))
+	if err != nil {
+		return time.Time{}, false
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if !strings.Contains(l, name+": BFD session down") || len(l) < 23 {
+			continue
+		}
+		at, err := time.ParseInLocation("2006-01-02 15:04:05.000", l[:23], time.Local)
+		// The log has milliseconds; since has more.
+		if err == nil && !at.Before(since.Truncate(time.Millisecond)) {
+			return at, true
+		}
+	}
+	return time.Time{}, false
 }
 
 // bfdState is a box's BFD session state toward the router, from its
@@ -241,25 +265,37 @@ func TestBFDFailover(t *testing.T) {
 
 	// fail takes a box out, trial after trial, and times the router's
 	// withdrawal; heal brings it back before the next trial.
-	failover := func(t *testing.T, what string, fail func(d *topo.L4LBD), heal func(d *topo.L4LBD)) {
-		var took []time.Duration
+	// fail returns when the failure began, so that preparing it (loading
+	// a program) is not timed.
+	failover := func(t *testing.T, what string, fail func(d *topo.L4LBD) time.Time, heal func(d *topo.L4LBD)) {
+		var took, detected, withdrawn []time.Duration
 		for i := range trials {
 			d := boxes[i%2]
 			other := boxes[(i+1)%2].Host.Addr4
-			start := time.Now()
-			fail(d)
-			gone := waitFIB(t, tp, router, bfdVIP, 60*time.Second, other)
+			events, stopEvents := routeEvents(t, tp)
+			start := fail(d)
+			gone := waitFIBEvent(t, tp, router, events, bfdVIP, 60*time.Second, other)
+			stopEvents()
 			took = append(took, gone.Sub(start))
 			proto, _ := router.Show("show", "protocols", "all", d.Host.Name)
 			if !strings.Contains(proto, "BFD session down") {
 				t.Errorf("trial %d: %s withdrawn, but not by BFD:\n%s", i, d.Host.Name, proto)
 			}
-			t.Logf("MEASURE %s trial %d (%s): failure -> route withdrawn at the router: %s", what, i, d.Host.Name, gone.Sub(start).Round(time.Millisecond))
+			// Where the time went: BIRD's detection, then its BGP and
+			// kernel sync.
+			split := "BIRD logged no BFD down"
+			if down, ok := birdBFDDown(router, d.Host.Name, start); ok {
+				detected = append(detected, down.Sub(start))
+				withdrawn = append(withdrawn, gone.Sub(down))
+				split = fmt.Sprintf("BIRD's BFD down after %s, then withdrawn in %s", down.Sub(start).Round(time.Millisecond), gone.Sub(down).Round(time.Millisecond))
+			}
+			t.Logf("MEASURE %s trial %d (%s): failure -> route withdrawn at the router: %s (%s)", what, i, d.Host.Name, gone.Sub(start).Round(time.Millisecond), split)
 			heal(d)
 			waitBFDUp(t, tp, router, d)
 			waitFIB(t, tp, router, bfdVIP, 60*time.Second, both...)
 		}
 		t.Logf("MEASURE %s, BFD 3x300ms, failure -> route withdrawn: %s", what, durations(took))
+		t.Logf("MEASURE %s, BFD 3x300ms, failure -> BIRD's BFD down: %s; BFD down -> route gone from the router's kernel: %s", what, durations(detected), durations(withdrawn))
 	}
 
 	if !t.Run("b_frozen", func(t *testing.T) {
@@ -267,10 +303,12 @@ func TestBFDFailover(t *testing.T) {
 		// the XDP program keeps forwarding whatever still reaches the
 		// box, so the box's flows work until the router moves them.
 		failover(t, "l4lbd frozen (SIGSTOP)",
-			func(d *topo.L4LBD) {
+			func(d *topo.L4LBD) time.Time {
+				start := time.Now()
 				if err := d.Signal(syscall.SIGSTOP); err != nil {
 					t.Fatal(err)
 				}
+				return start
 			},
 			func(d *topo.L4LBD) {
 				if err := d.Signal(syscall.SIGCONT); err != nil {
@@ -283,7 +321,10 @@ func TestBFDFailover(t *testing.T) {
 	if !t.Run("c_gone", func(t *testing.T) {
 		var restore func()
 		failover(t, "link dropping every frame, carrier up",
-			func(d *topo.L4LBD) { restore = tp.Blackhole(d.Host) },
+			func(d *topo.L4LBD) (start time.Time) {
+				restore, start = tp.BlackholeAt(d.Host)
+				return start
+			},
 			func(*topo.L4LBD) { restore() })
 	}) {
 		return

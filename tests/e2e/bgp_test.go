@@ -171,6 +171,58 @@ func waitFIB(t *testing.T, tp *topo.Topology, r *bird.Router, vip netip.Addr, wi
 	}
 }
 
+// routeEvents subscribes to the router's route changes and returns when
+// each arrived: a wait on them sees a withdrawal when the kernel reports
+// it, where polling would add up to its interval and a dump under load.
+func routeEvents(t *testing.T, tp *topo.Topology) (events <-chan time.Time, stop func()) {
+	t.Helper()
+	updates := make(chan netlink.RouteUpdate, 256)
+	done := make(chan struct{})
+	out := make(chan time.Time, 256)
+	err := netlink.RouteSubscribeWithOptions(updates, done, netlink.RouteSubscribeOptions{Namespace: tp.Router.NS.Handle()})
+	if err != nil {
+		t.Fatalf("subscribe to the router's routes: %v", err)
+	}
+	go func() {
+		defer close(out)
+		for range updates {
+			select {
+			case out <- time.Now():
+			default: // the waiter checks the table on the next one
+			}
+		}
+	}()
+	var once sync.Once
+	stop = func() { once.Do(func() { close(done) }) }
+	t.Cleanup(stop)
+	return out, stop
+}
+
+// waitFIBEvent is waitFIB timed by the route change that made the router's
+// next hops for vip exactly want, from events (routeEvents) subscribed
+// before the change.
+func waitFIBEvent(t *testing.T, tp *topo.Topology, r *bird.Router, events <-chan time.Time, vip netip.Addr, within time.Duration, want ...netip.Addr) time.Time {
+	t.Helper()
+	slices.SortFunc(want, netip.Addr.Compare)
+	if slices.Equal(fib(t, tp, vip), want) {
+		return time.Now()
+	}
+	deadline := time.After(within)
+	for {
+		select {
+		case at, ok := <-events:
+			if !ok {
+				return waitFIB(t, tp, r, vip, within, want...)
+			}
+			if slices.Equal(fib(t, tp, vip), want) {
+				return at
+			}
+		case <-deadline:
+			return waitFIB(t, tp, r, vip, 0, want...)
+		}
+	}
+}
+
 // fibWatch records every change of the router's next hops for a VIP.
 type fibWatch struct {
 	t    *testing.T

@@ -46,59 +46,70 @@ func l2Config(vips ...netip.Addr) string {
 	return b.String()
 }
 
-// announcements records, on the client, when each VIP was first announced
-// with a gratuitous ARP or an unsolicited neighbour advertisement from mac.
-type announcements struct {
-	conn *packet.Conn
-	mac  net.HardwareAddr
-	mu   sync.Mutex
-	seen map[netip.Addr]time.Time
-	done chan struct{}
-}
-
-func captureAnnouncements(t *testing.T, h *topo.Host, mac net.HardwareAddr) *announcements {
-	a := &announcements{mac: mac, seen: map[netip.Addr]time.Time{}, done: make(chan struct{})}
+// captureFrames opens a packet socket for proto (an ETH_P_ value) on h's
+// segment interface and hands each frame to each, on a goroutine of its
+// own, until the test ends. It returns the interface and the socket, to
+// send on.
+func captureFrames(t *testing.T, h *topo.Host, proto int, each func(gopacket.Packet)) (*net.Interface, *packet.Conn) {
+	var ifi *net.Interface
+	var conn *packet.Conn
 	err := h.NS.Do(func() error {
-		ifi, err := net.InterfaceByName(h.Iface)
-		if err != nil {
+		var err error
+		if ifi, err = net.InterfaceByName(h.Iface); err != nil {
 			return err
 		}
-		a.conn, err = packet.Listen(ifi, packet.Raw, unix.ETH_P_ALL, nil)
+		conn, err = packet.Listen(ifi, packet.Raw, proto, nil)
 		return err
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
+	done := make(chan struct{})
 	go func() {
-		defer close(a.done)
+		defer close(done)
 		buf := make([]byte, 2048)
 		for {
-			n, _, err := a.conn.ReadFrom(buf)
+			n, _, err := conn.ReadFrom(buf)
 			if err != nil {
 				return
 			}
-			pkt := gopacket.NewPacket(buf[:n], layers.LayerTypeEthernet, gopacket.Default)
-			eth, _ := pkt.Layer(layers.LayerTypeEthernet).(*layers.Ethernet)
-			if eth == nil || !slices.Equal(eth.SrcMAC, a.mac) {
-				continue
-			}
-			var vip netip.Addr
-			if arp, ok := pkt.Layer(layers.LayerTypeARP).(*layers.ARP); ok && slices.Equal(arp.SourceProtAddress, arp.DstProtAddress) {
-				vip, _ = netip.AddrFromSlice(arp.SourceProtAddress)
-			}
-			if na, ok := pkt.Layer(layers.LayerTypeICMPv6NeighborAdvertisement).(*layers.ICMPv6NeighborAdvertisement); ok && na.Flags&0x40 == 0 {
-				vip, _ = netip.AddrFromSlice(na.TargetAddress)
-			}
-			if vip.IsValid() {
-				a.mu.Lock()
-				if _, ok := a.seen[vip]; !ok {
-					a.seen[vip] = time.Now()
-				}
-				a.mu.Unlock()
-			}
+			each(gopacket.NewPacket(buf[:n], layers.LayerTypeEthernet, gopacket.Default))
 		}
 	}()
-	t.Cleanup(func() { a.conn.Close(); <-a.done })
+	t.Cleanup(func() { conn.Close(); <-done })
+	return ifi, conn
+}
+
+// announcements records, on the client, when each VIP was first announced
+// with a gratuitous ARP or an unsolicited neighbour advertisement from mac.
+type announcements struct {
+	mac  net.HardwareAddr
+	mu   sync.Mutex
+	seen map[netip.Addr]time.Time
+}
+
+func captureAnnouncements(t *testing.T, h *topo.Host, mac net.HardwareAddr) *announcements {
+	a := &announcements{mac: mac, seen: map[netip.Addr]time.Time{}}
+	captureFrames(t, h, unix.ETH_P_ALL, func(pkt gopacket.Packet) {
+		eth, _ := pkt.Layer(layers.LayerTypeEthernet).(*layers.Ethernet)
+		if eth == nil || !slices.Equal(eth.SrcMAC, a.mac) {
+			return
+		}
+		var vip netip.Addr
+		if arp, ok := pkt.Layer(layers.LayerTypeARP).(*layers.ARP); ok && slices.Equal(arp.SourceProtAddress, arp.DstProtAddress) {
+			vip, _ = netip.AddrFromSlice(arp.SourceProtAddress)
+		}
+		if na, ok := pkt.Layer(layers.LayerTypeICMPv6NeighborAdvertisement).(*layers.ICMPv6NeighborAdvertisement); ok && na.Flags&0x40 == 0 {
+			vip, _ = netip.AddrFromSlice(na.TargetAddress)
+		}
+		if vip.IsValid() {
+			a.mu.Lock()
+			if _, ok := a.seen[vip]; !ok {
+				a.seen[vip] = time.Now()
+			}
+			a.mu.Unlock()
+		}
+	})
 	return a
 }
 

@@ -148,10 +148,22 @@ func (d *L4LBD) Restart() {
 // again with the same command line, then waits until it answers. The
 // pinned datapath forwards meanwhile.
 func (d *L4LBD) KillAndStart() {
-	t := d.Host.top.T
-	t.Helper()
+	d.Host.top.T.Helper()
+	d.Kill()
+	d.Start()
+}
+
+// Kill kills l4lbd with SIGKILL, as a crash would, and waits for the
+// exit. The pinned datapath forwards meanwhile.
+func (d *L4LBD) Kill() {
 	_ = d.Signal(syscall.SIGKILL)
 	<-d.done
+}
+
+// Start starts l4lbd again with the same command line, after Kill or
+// Stop, and waits until it answers.
+func (d *L4LBD) Start() {
+	d.Host.top.T.Helper()
 	d.start()
 	d.WaitReady()
 }

@@ -19,6 +19,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
@@ -289,6 +290,15 @@ func (h *Host) RxPackets() uint64 {
 // go down, so only a liveness protocol (BFD, the BGP hold timer) notices.
 // The returned function restores the link; the test's end does too.
 func (tp *Topology) Blackhole(h *Host) (restore func()) {
+	tp.T.Helper()
+	restore, _ = tp.BlackholeAt(h)
+	return restore
+}
+
+// BlackholeAt is Blackhole that also returns when the drop began: after
+// the drop program is loaded, as the first direction is cut, so that a
+// measurement does not count the loading.
+func (tp *Topology) BlackholeAt(h *Host) (restore func(), at time.Time) {
 	t := tp.T
 	t.Helper()
 	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
@@ -309,19 +319,22 @@ func (tp *Topology) Blackhole(h *Host) (restore func()) {
 		}
 		links = nil
 	}
-	for _, at := range []ebpf.AttachType{ebpf.AttachTCXIngress, ebpf.AttachTCXEgress} {
+	for _, dir := range []ebpf.AttachType{ebpf.AttachTCXIngress, ebpf.AttachTCXEgress} {
 		var l link.Link
 		err := tp.Switch.Do(func() error {
+			if at.IsZero() {
+				at = time.Now()
+			}
 			var err error
-			l, err = link.AttachTCX(link.TCXOptions{Interface: idx, Program: prog, Attach: at})
+			l, err = link.AttachTCX(link.TCXOptions{Interface: idx, Program: prog, Attach: dir})
 			return err
 		})
 		if err != nil {
 			restore()
-			t.Fatalf("attach tc drop to %s (%s): %v", iface, at, err)
+			t.Fatalf("attach tc drop to %s (%s): %v", iface, dir, err)
 		}
 		links = append(links, l)
 	}
 	t.Cleanup(restore)
-	return restore
+	return restore, at
 }
