@@ -145,3 +145,98 @@ func TestTrace(t *testing.T) {
 		t.Errorf("an idle trace: %v\n%s", err, out)
 	}
 }
+
+// TestTraceAcrossRestart starts `l4lbctl trace -o json`, restarts l4lbd
+// under it, then opens a connection: the trace says l4lbd stopped, resumes
+// on the new l4lbd, and shows the connection's packets.
+func TestTraceAcrossRestart(t *testing.T) {
+	tp := topo.New(t, topo.Options{LBs: 1, Backends: 2})
+	for _, be := range tp.Backends {
+		be.Serve(netip.AddrPortFrom(be.Addr4, 8080))
+	}
+	d := tp.LBs[0].StartL4LBD(l4lbd(), inspectConfig())
+	tp.RouteVIPs(tp.LBs[0], netip.MustParseAddr("10.200.3.10"))
+
+	cmd := exec.Command(filepath.Join(bin, "l4lbctl"), "--socket", d.Socket, "-o", "json", "trace",
+		"--client", tp.Client.Addr4.String(), "--service", "web", "--count", "2", "--timeout", "60s")
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	lines := make(chan string, 64)
+	go func() {
+		defer close(lines)
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+	}()
+	next := func(what string) string {
+		t.Helper()
+		select {
+		case l, ok := <-lines:
+			if !ok {
+				t.Fatalf("%s: trace stream ended; stderr:\n%s", what, stderr.String())
+			}
+			return l
+		case <-time.After(30 * time.Second):
+			t.Fatalf("%s: no trace line; stderr:\n%s", what, stderr.String())
+		}
+		return ""
+	}
+	if l := next("start"); !strings.HasPrefix(l, `{"stats":`) {
+		t.Fatalf("first line %q, want the trace's counts", l)
+	}
+	d.Restart()
+	// Counts, maybe the old l4lbd's last words (a stop may cut the
+	// stream before them), then the resumed trace's zero counts.
+	for l := next("restart"); l != `{"resumed":true}`; l = next("restart") {
+		if !strings.HasPrefix(l, `{"stats":`) && l != `{"end":"closed"}` {
+			t.Fatalf("line %q while l4lbd restarted, want counts until the trace resumed", l)
+		}
+	}
+	if l := next("resumed"); !strings.HasPrefix(l, `{"stats":`) {
+		t.Fatalf("first line after resuming %q, want the new trace's counts", l)
+	}
+
+	conn, err := tp.Client.DialTCP(0, netip.MustParseAddrPort("10.200.3.10:80"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(conn.Abort)
+	if err := conn.Echo("traced after a restart"); err != nil {
+		t.Fatal(err)
+	}
+	client := conn.LocalAddr().(*net.TCPAddr).AddrPort().String()
+	var events []api.TraceEvent
+	for end := ""; end == ""; {
+		var m api.TraceMessage
+		if l := next("events"); json.Unmarshal([]byte(l), &m) != nil {
+			t.Fatalf("trace line %q is not a message", l)
+		}
+		if m.Event != nil {
+			events = append(events, *m.Event)
+		}
+		end = m.End
+		if end != "" && end != "count" {
+			t.Fatalf("trace ended %q, want count", end)
+		}
+	}
+	if len(events) != 2 || events[0].Client != client || events[0].TCPFlags != "SYN" || events[0].Service != "web" {
+		t.Errorf("events after the restart %+v, want the SYN of %s and one more", events, client)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Errorf("l4lbctl trace: %v\n%s", err, stderr.String())
+	}
+	for _, want := range []string{"# l4lbd went away (", "# l4lbd is back: trace resumed"} {
+		if !strings.Contains(stderr.String(), want) {
+			t.Errorf("stderr lacks %q:\n%s", want, stderr.String())
+		}
+	}
+}
