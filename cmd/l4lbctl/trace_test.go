@@ -7,7 +7,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"log/slog"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -98,24 +97,6 @@ func (d *traceDaemon) Trace(_ context.Context, req api.TraceRequest, emit func(a
 	return emit(api.TraceMessage{End: d.end})
 }
 
-// serveTrace serves d on sock until the returned function stops it.
-func serveTrace(t *testing.T, sock string, d *traceDaemon) (stop func()) {
-	t.Helper()
-	l, err := api.Listen(sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- api.NewServer(d, slog.New(slog.DiscardHandler)).Serve(ctx, l) }()
-	return func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("serve: %v", err)
-		}
-	}
-}
-
 // TestTraceSurvivesRestart runs a trace across an l4lbd that stops (its
 // stream ends "closed") or is killed (the stream just ends) and comes back
 // on the same socket: the trace goes on with what is left of its count
@@ -126,7 +107,7 @@ func TestTraceSurvivesRestart(t *testing.T) {
 			sock := filepath.Join(t.TempDir(), "l4lb.sock")
 			first := &traceDaemon{events: 2, end: end, asked: make(chan api.TraceRequest, 1)}
 			second := &traceDaemon{events: 3, end: "count", asked: make(chan api.TraceRequest, 1)}
-			stop := serveTrace(t, sock, first)
+			stop := serveAPI(t, sock, first)
 			var out, notes bytes.Buffer
 			p := &tracePrinter{out: &out, notes: &notes}
 			req := api.TraceRequest{Service: "web", Count: 5, Timeout: time.Minute}
@@ -138,7 +119,7 @@ func TestTraceSurvivesRestart(t *testing.T) {
 			// l4lbd goes down once its stream has ended, and a new one
 			// comes up on the same socket.
 			stop()
-			stop = serveTrace(t, sock, second)
+			stop = serveAPI(t, sock, second)
 			defer stop()
 			got := <-second.asked
 			if err := <-done; err != nil {
@@ -168,7 +149,7 @@ func TestTraceSurvivesRestart(t *testing.T) {
 func TestTraceEndsWhileDown(t *testing.T) {
 	sock := filepath.Join(t.TempDir(), "l4lb.sock")
 	d := &traceDaemon{events: 1, end: "closed", asked: make(chan api.TraceRequest, 1)}
-	stop := serveTrace(t, sock, d)
+	stop := serveAPI(t, sock, d)
 	var notes bytes.Buffer
 	p := &tracePrinter{out: io.Discard, notes: &notes}
 	done := make(chan error, 1)

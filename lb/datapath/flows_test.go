@@ -76,17 +76,19 @@ func TestFlowsDSR(t *testing.T) {
 			tcp := e.open(t, web, randomFlows(web.Frontend, 40, 7))
 			udp := e.send(t, dns, randomFlows(dns.Frontend, 10, 8))
 			want := map[datapath.FlowOwner]datapath.FlowCount{}
-			for _, c := range tcp {
-				o := datapath.FlowOwner{Service: webID, Backend: webBE[c.backend]}
+			// count moves the expected counts of a service's backend.
+			count := func(svc reconciler.ServiceID, be reconciler.BackendID, active, inactive int) {
+				o := datapath.FlowOwner{Service: svc, Backend: be}
 				n := want[o]
-				n.Active++
+				n.Active = uint64(int64(n.Active) + int64(active))
+				n.Inactive = uint64(int64(n.Inactive) + int64(inactive))
 				want[o] = n
 			}
+			for _, c := range tcp {
+				count(webID, webBE[c.backend], 1, 0)
+			}
 			for _, c := range udp {
-				o := datapath.FlowOwner{Service: dnsID, Backend: dnsBE[c.backend]}
-				n := want[o]
-				n.Inactive++
-				want[o] = n
+				count(dnsID, dnsBE[c.backend], 0, 1)
 			}
 			if len(want) != 4 {
 				t.Fatalf("flows reached %d (service, backend) pairs, want all 4: pick other seeds", len(want))
@@ -137,16 +139,10 @@ func TestFlowsDSR(t *testing.T) {
 			} else if fl.Expires != 0 {
 				t.Errorf("idle entry expires in %s, want 0", fl.Expires)
 			}
-			o := datapath.FlowOwner{Service: webID, Backend: webBE[aged.backend]}
-			n := want[o]
-			n.Active--
-			want[o] = n
+			count(webID, webBE[aged.backend], -1, 0)
 			// A UDP entry past the UDP timeout decays likewise.
 			e.ageFlow(t, udp[0].flow, 2*window)
-			o = datapath.FlowOwner{Service: dnsID, Backend: dnsBE[udp[0].backend]}
-			n = want[o]
-			n.Inactive--
-			want[o] = n
+			count(dnsID, dnsBE[udp[0].backend], 0, -1)
 			expectCounts(t, e.flowCounts(t), want)
 
 			// A client's FIN or RST ends a DSR connection: closing,
@@ -159,11 +155,7 @@ func TestFlowsDSR(t *testing.T) {
 				if got := e.checkTX(t, in, e.run(t, in)); got != c.backend {
 					t.Errorf("%s of flow %v went to %s, want its backend %s", map[int]string{0: "FIN", 1: "RST"}[i], c.flow, got, c.backend)
 				}
-				o := datapath.FlowOwner{Service: webID, Backend: webBE[c.backend]}
-				n := want[o]
-				n.Active--
-				n.Inactive++
-				want[o] = n
+				count(webID, webBE[c.backend], -1, 1)
 			}
 			listed := e.flows(t, datapath.FlowFilter{})
 			for _, c := range tcp[1:3] {
@@ -187,19 +179,12 @@ func TestFlowsDSR(t *testing.T) {
 			if fl := e.flows(t, datapath.FlowFilter{})[clientOf(reopened.flow)]; fl.State != datapath.FlowEstablished {
 				t.Errorf("flow %v reopened by a SYN: %s, want established", reopened.flow, fl.State)
 			}
-			o = datapath.FlowOwner{Service: webID, Backend: webBE[reopened.backend]}
-			n = want[o]
-			n.Active++
-			n.Inactive--
-			want[o] = n
+			count(webID, webBE[reopened.backend], 1, -1)
 			expectCounts(t, e.flowCounts(t), want)
 			// A closed DSR flow quiet past tcp_closing decays (IPVS's
 			// TIME_WAIT running out).
 			e.ageFlow(t, tcp[1].flow, 2*window)
-			o = datapath.FlowOwner{Service: webID, Backend: webBE[tcp[1].backend]}
-			n = want[o]
-			n.Inactive--
-			want[o] = n
+			count(webID, webBE[tcp[1].backend], 0, -1)
 			expectCounts(t, e.flowCounts(t), want)
 
 			// Drain x: its flows stay on it through their entries. A
