@@ -33,10 +33,9 @@ A backend's reply to a SNAT flow is shown as the flow it belongs to
 The trace ends after --count events or --timeout, whichever comes first, or
 on Ctrl-C. When l4lbd stops or restarts in the middle, the trace waits for
 it to answer again and resumes with what is left of --count and --timeout,
-saying so on stderr (packets in between are not traced; the counts start
-again from the restarted l4lbd's). Each CPU reports at most --rate packets a second; the others are
-counted as sampled, and the counts are printed (on stderr) when they change
-and at the end. Without a trace running the datapath pays one memory load
+saying so on stderr (packets in between are not traced). Each CPU reports
+at most --rate packets a second; the others are counted as sampled, and
+the counts are printed (on stderr) when they change and at the end. Without a trace running the datapath pays one memory load
 per packet. One trace runs at a time. -o json prints the stream as
 newline-delimited JSON ({"event":…}, {"stats":…}, {"end":…}). See
 docs/observability.md.`,
@@ -147,8 +146,8 @@ func follow(ctx context.Context, c *api.Client, req api.TraceRequest, p *tracePr
 type tracePrinter struct {
 	out, notes io.Writer
 	json       bool
-	// last are the counts of the l4lbd streaming now, before the sums of
-	// the earlier ones; events counts the events of all.
+	// last are the counts of the l4lbd streaming now, before the sums
+	// of those the trace ran on earlier; events counts every event.
 	last, before api.TraceStats
 	events       int
 	// end is the current stream's end ("count", "timeout", "closed").

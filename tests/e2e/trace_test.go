@@ -100,9 +100,19 @@ func TestTrace(t *testing.T) {
 	}
 	tr.wait()
 
+	// The replies the trace saw are counted per service (SNAT only).
+	out, err := l4lbctl(t, d.Socket, "-o", "json", "service", "get", "web")
+	var svc api.Service
+	if err != nil || json.Unmarshal([]byte(out), &svc) != nil {
+		t.Fatalf("service get web: %v\n%s", err, out)
+	}
+	if c := svc.Counters; c.ReplyPackets < uint64(replies) || c.ReplyBytes < 40*c.ReplyPackets {
+		t.Errorf("service web counts %d replies of %d bytes, want at least the %d traced, of 40 bytes or more each", c.ReplyPackets, c.ReplyBytes, replies)
+	}
+
 	// The table output, of a trace no packet matches (the connection is
 	// still open: its late ACKs would match a trace of the service).
-	out, err := l4lbctl(t, d.Socket, "trace", "--service", "web", "--client", "198.51.100.99", "--count", "1", "--timeout", "2s")
+	out, err = l4lbctl(t, d.Socket, "trace", "--service", "web", "--client", "198.51.100.99", "--count", "1", "--timeout", "2s")
 	if err != nil || !strings.Contains(out, "# trace ended (timeout): 0 packets matched") {
 		t.Errorf("an idle trace: %v\n%s", err, out)
 	}
