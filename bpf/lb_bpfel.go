@@ -270,6 +270,12 @@ type LbReasonStats struct {
 	Bytes   uint64
 }
 
+type LbReplyStats struct {
+	_       structs.HostLayout
+	Packets uint64
+	Bytes   uint64
+}
+
 type LbSnatFwdValue struct {
 	_           structs.HostLayout
 	SnatAddr    [16]uint8
@@ -467,6 +473,7 @@ const (
 	LbMapSrcRanges            = "src_ranges"
 	LbMapSvcCache             = "svc_cache"
 	LbMapSvcGen               = "svc_gen"
+	LbMapSvcReplyStats        = "svc_reply_stats"
 	LbMapSvcStats             = "svc_stats"
 	LbMapTraceCtl             = "trace_ctl"
 	LbMapTraceEvents          = "trace_events"
@@ -587,6 +594,7 @@ type LbMapSpecs struct {
 	SrcRanges       *ebpf.MapSpec `ebpf:"src_ranges"`
 	SvcCache        *ebpf.MapSpec `ebpf:"svc_cache"`
 	SvcGen          *ebpf.MapSpec `ebpf:"svc_gen"`
+	SvcReplyStats   *ebpf.MapSpec `ebpf:"svc_reply_stats"`
 	SvcStats        *ebpf.MapSpec `ebpf:"svc_stats"`
 	TraceCtl        *ebpf.MapSpec `ebpf:"trace_ctl"`
 	TraceEvents     *ebpf.MapSpec `ebpf:"trace_events"`
@@ -679,6 +687,7 @@ type LbMaps struct {
 	SrcRanges       *ebpf.Map `ebpf:"src_ranges"`
 	SvcCache        *ebpf.Map `ebpf:"svc_cache"`
 	SvcGen          *ebpf.Map `ebpf:"svc_gen"`
+	SvcReplyStats   *ebpf.Map `ebpf:"svc_reply_stats"`
 	SvcStats        *ebpf.Map `ebpf:"svc_stats"`
 	TraceCtl        *ebpf.Map `ebpf:"trace_ctl"`
 	TraceEvents     *ebpf.Map `ebpf:"trace_events"`
@@ -721,6 +730,7 @@ func (m *LbMaps) Close() error {
 		m.SrcRanges,
 		m.SvcCache,
 		m.SvcGen,
+		m.SvcReplyStats,
 		m.SvcStats,
 		m.TraceCtl,
 		m.TraceEvents,

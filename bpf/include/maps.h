@@ -370,6 +370,16 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } backend_stats SEC(".maps");
 
+/* Per-CPU counters of SNAT replies by service id: the reply path knows its
+ * binding's service (snat_rev_value.svc_id), not its backend's id. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct reply_stats);
+	__uint(max_entries, 4097);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} svc_reply_stats SEC(".maps");
+
 /* Per-CPU counters by enum l4lb_reason. A new reason changes its size, so
  * the map is pinned under a new name then (lb/datapath/migrate.go). */
 struct {

@@ -958,6 +958,10 @@ static __always_inline int snat_reply(const struct hook *h, const struct packet 
 	verdict = transmit(h, &rt, &reason);
 	if (reason >= 0)
 		count_reason(reason, p->l3_len);
+	/* As count_forward: sent by the datapath or, its neighbour unknown,
+	 * through the stack. */
+	if (verdict != hook_drop(h))
+		count_reply(s->rv.svc_id, p->l3_len);
 	return verdict;
 drop:
 	count_reason(r, p->l3_len);

@@ -45,4 +45,15 @@ static __always_inline void count_forward(__u32 svc_id, __u32 backend_id, __u64 
 	trace_note_forward(svc_id, backend_id, new_flow);
 }
 
+/* Count one SNAT reply of len bytes sent back to a client of service svc_id. */
+static __always_inline void count_reply(__u32 svc_id, __u64 len)
+{
+	struct reply_stats *s = bpf_map_lookup_elem(&svc_reply_stats, &svc_id);
+
+	if (s) {
+		s->packets++;
+		s->bytes += len;
+	}
+}
+
 #endif

@@ -289,6 +289,14 @@ struct lb_stats {
 	__u64 new_flows; /* flows balanced by a table lookup (conntrack miss) */
 };
 
+/* Per-CPU counters of a service's SNAT replies: backends' packets the
+ * reply path rewrote and sent back to their clients. Kept apart from
+ * lb_stats so the pinned svc_stats keeps its layout. */
+struct reply_stats {
+	__u64 packets;
+	__u64 bytes; /* L3 bytes as received from the backend */
+};
+
 /*
  * What happened to a packet that was not forwarded to a backend, or forwarded
  * with help from the stack. Index of the per-CPU reason counters; the Go side

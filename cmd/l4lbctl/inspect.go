@@ -47,12 +47,15 @@ same services, backends included, either way.
 
 Active connections are TCP flows that are established (for SNAT, the
 binding is past the handshake and saw no FIN or RST) and were seen within
-datapath.snat_timeouts.tcp; inactive are all other entries (UDP flows,
-closing or idle TCP flows). See docs/operations.md.
+datapath.snat_timeouts.tcp; inactive are UDP flows and closing or
+reopening TCP flows, each until its state's timeout (udp, tcp_closing)
+runs out, as ipvsadm's InActConn decays. Idle entries waiting for the
+table to evict them count in neither. See docs/operations.md.
 
 --rate lists, like ipvsadm --rate, each service's and backend's new flows,
 packets and bytes per second over --interval (two listings that far
-apart): what the datapath forwarded towards the backends.`,
+apart): what the datapath forwarded towards the backends, and for SNAT
+services the replies it sent back to clients (per service).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			list := func() (svcs []api.Service, err error) {
@@ -178,6 +181,9 @@ func printService(out io.Writer, s api.Service) error {
 	a, i := conns(s)
 	fmt.Fprintf(tw, "name\t%s\nfrontend\t%s\nmode\t%s %s\ntable size\t%d\nfingerprint\t%s\nsource\t%s\ncounters\t%d packets, %d bytes, %d new flows\nconnections\t%d active, %d inactive\n",
 		s.Name, s.Frontend, s.Mode, s.Dispatch, s.TableSize, s.Fingerprint, s.Source, s.Counters.Packets, s.Counters.Bytes, s.Counters.NewFlows, a, i)
+	if s.Mode == "snat" {
+		fmt.Fprintf(tw, "replies\t%d packets, %d bytes (backends to clients)\n", s.Counters.ReplyPackets, s.Counters.ReplyBytes)
+	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}

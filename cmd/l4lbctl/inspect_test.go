@@ -83,6 +83,14 @@ func (p *inspectProvider) Flush(_ context.Context, req api.FlushRequest) (api.Fl
 func inspectDaemon(t *testing.T, p api.Provider) string {
 	t.Helper()
 	sock := filepath.Join(t.TempDir(), "l4lb.sock")
+	t.Cleanup(serveAPI(t, sock, p))
+	return sock
+}
+
+// serveAPI serves p on a real admin socket at sock until the returned
+// function stops it.
+func serveAPI(t *testing.T, sock string, p api.Provider) (stop func()) {
+	t.Helper()
 	l, err := api.Listen(sock)
 	if err != nil {
 		t.Fatal(err)
@@ -90,13 +98,12 @@ func inspectDaemon(t *testing.T, p api.Provider) string {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- api.NewServer(p, slog.New(slog.DiscardHandler)).Serve(ctx, l) }()
-	t.Cleanup(func() {
+	return func() {
 		cancel()
 		if err := <-done; err != nil {
 			t.Errorf("serve: %v", err)
 		}
-	})
-	return sock
+	}
 }
 
 // rows splits tabwriter output into lines of space-separated fields.

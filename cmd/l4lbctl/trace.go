@@ -31,9 +31,11 @@ A backend's reply to a SNAT flow is shown as the flow it belongs to
 (direction reply).
 
 The trace ends after --count events or --timeout, whichever comes first, or
-on Ctrl-C. Each CPU reports at most --rate packets a second; the others are
-counted as sampled, and the counts are printed (on stderr) when they change
-and at the end. Without a trace running the datapath pays one memory load
+on Ctrl-C. When l4lbd stops or restarts in the middle, the trace waits for
+it to answer again and resumes with what is left of --count and --timeout,
+saying so on stderr (packets in between are not traced). Each CPU reports
+at most --rate packets a second; the others are counted as sampled, and
+the counts are printed (on stderr) when they change and at the end. Without a trace running the datapath pays one memory load
 per packet. One trace runs at a time. -o json prints the stream as
 newline-delimited JSON ({"event":…}, {"stats":…}, {"end":…}). See
 docs/observability.md.`,
@@ -49,8 +51,7 @@ docs/observability.md.`,
 			defer stop()
 			out := cmd.OutOrStdout()
 			p := &tracePrinter{out: out, notes: cmd.ErrOrStderr(), json: g.output == "json"}
-			err := api.NewClient(g.socket).Trace(ctx, req, p.message)
-			if err != nil {
+			if err := follow(ctx, api.NewClient(g.socket), req, p, traceRetry); err != nil {
 				return err
 			}
 			p.done(ctx)
@@ -70,16 +71,132 @@ docs/observability.md.`,
 	return cmd
 }
 
+// traceRetry is how often a trace whose l4lbd went away asks whether it
+// is back.
+const traceRetry = 250 * time.Millisecond
+
+// follow runs the trace req through c. When l4lbd goes away in the middle
+// (stopped: its stream ends "closed"; killed: the stream just ends), it
+// asks again every retry until l4lbd takes the trace, then goes on with
+// what is left of req's count and timeout. l4lbd keeps no trace across a
+// restart (its trace maps are not pinned), so the client carries it over.
+// Only the first request's refusal is an error: a restarting l4lbd may
+// refuse until it is ready. A stream that breaks is l4lbd going away.
+func follow(ctx context.Context, c *api.Client, req api.TraceRequest, p *tracePrinter, retry time.Duration) error {
+	var deadline time.Time
+	if req.Timeout > 0 {
+		deadline = time.Now().Add(req.Timeout)
+	}
+	count := req.Count
+	resuming, lastErr, streamed := false, error(nil), false
+	fn := func(m api.TraceMessage) error {
+		streamed = true
+		if resuming {
+			resuming = false
+			p.resume()
+		}
+		return p.message(m)
+	}
+	for first := true; ; first = false {
+		streamed = false
+		err := c.Trace(ctx, req, fn)
+		switch {
+		case err != nil && first && !streamed:
+			return err
+		case err != nil && !streamed:
+			lastErr = err
+		case ctx.Err() != nil || err == nil && p.end != "" && p.end != "closed":
+			return nil
+		case !resuming:
+			why := "stopped"
+			if err != nil {
+				why = "connection lost: " + err.Error()
+			} else if p.end == "" {
+				why = "connection lost"
+			}
+			p.note(fmt.Sprintf("l4lbd went away (%s): %s; waiting for it to resume the trace", why, traceCounts(p.total())))
+			resuming = true
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(retry):
+		}
+		if !deadline.IsZero() && !time.Now().Before(deadline) {
+			msg := "trace ended (timeout, l4lbd not back): " + traceCounts(p.total())
+			if lastErr != nil {
+				msg += "; last attempt: " + lastErr.Error()
+			}
+			p.note(msg)
+			p.ended = true
+			return nil
+		}
+		if count > 0 {
+			req.Count = count - p.events
+		}
+		if !deadline.IsZero() {
+			req.Timeout = time.Until(deadline)
+		}
+	}
+}
+
 // tracePrinter prints a trace's stream: events on out, counts on notes
-// (table), or every message as a JSON line.
+// (table), or every message as a JSON line. Its counts run across the
+// l4lbd restarts a trace survives (follow).
 type tracePrinter struct {
 	out, notes io.Writer
 	json       bool
-	last       api.TraceStats
-	ended      bool
+	// last are the counts of the l4lbd streaming now, before the sums
+	// of those the trace ran on earlier; events counts every event.
+	last, before api.TraceStats
+	events       int
+	// end is the current stream's end ("count", "timeout", "closed").
+	end   string
+	ended bool
+}
+
+// traceResumed is the line -o json prints when a trace resumes after an
+// l4lbd restart: the counts of the lines after it start again from 0.
+type traceResumed struct {
+	Resumed bool `json:"resumed"`
+}
+
+// total is the counts across every l4lbd the trace ran on.
+func (p *tracePrinter) total() api.TraceStats {
+	return api.TraceStats{
+		Matched: p.before.Matched + p.last.Matched, Sent: p.before.Sent + p.last.Sent,
+		Sampled: p.before.Sampled + p.last.Sampled, Lost: p.before.Lost + p.last.Lost,
+		Reported: p.before.Reported + p.last.Reported,
+	}
+}
+
+// resume starts the counts of a restarted l4lbd's stream.
+func (p *tracePrinter) resume() {
+	p.before, p.last, p.end = p.total(), api.TraceStats{}, ""
+	if p.json {
+		b, _ := json.Marshal(traceResumed{Resumed: true})
+		fmt.Fprintf(p.out, "%s\n", b)
+	}
+	p.note("l4lbd is back: trace resumed (packets in between were not traced)")
+}
+
+// note writes a line on the notes writer (stderr).
+func (p *tracePrinter) note(s string) {
+	if p.notes != nil {
+		fmt.Fprintf(p.notes, "# %s\n", s)
+	}
 }
 
 func (p *tracePrinter) message(m api.TraceMessage) error {
+	if m.Event != nil {
+		p.events++
+	}
+	if m.End != "" {
+		p.end = m.End
+	}
+	if m.Stats != nil && p.json {
+		p.last = *m.Stats
+	}
 	if p.json {
 		b, err := json.Marshal(m)
 		if err != nil {
@@ -93,13 +210,16 @@ func (p *tracePrinter) message(m api.TraceMessage) error {
 		_, err := fmt.Fprintln(p.out, traceLine(*m.Event))
 		return err
 	case m.Stats != nil:
-		if m.Stats.Sampled != p.last.Sampled || m.Stats.Lost != p.last.Lost {
-			fmt.Fprintf(p.notes, "# %s\n", traceCounts(*m.Stats))
-		}
+		changed := m.Stats.Sampled != p.last.Sampled || m.Stats.Lost != p.last.Lost
 		p.last = *m.Stats
+		if changed {
+			p.note(traceCounts(p.total()))
+		}
+	case m.End == "closed":
+		// l4lbd stopped: follow says so, and resumes.
 	case m.End != "":
 		p.ended = true
-		fmt.Fprintf(p.notes, "# trace ended (%s): %s\n", m.End, traceCounts(p.last))
+		p.note(fmt.Sprintf("trace ended (%s): %s", m.End, traceCounts(p.total())))
 	}
 	return nil
 }
@@ -107,7 +227,7 @@ func (p *tracePrinter) message(m api.TraceMessage) error {
 // done notes a trace the user interrupted.
 func (p *tracePrinter) done(ctx context.Context) {
 	if !p.ended && !p.json && ctx.Err() != nil {
-		fmt.Fprintf(p.notes, "# trace interrupted: %s\n", traceCounts(p.last))
+		p.note("trace interrupted: " + traceCounts(p.total()))
 	}
 }
 

@@ -4,6 +4,10 @@ package main
 
 import (
 	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -57,5 +61,107 @@ func TestTracePrinter(t *testing.T) {
 	}
 	if s := out.String(); !strings.HasPrefix(s, `{"event":{"time":`) || strings.Count(s, "\n") != 1 {
 		t.Errorf("-o json: %q, want one {\"event\":…} line", s)
+	}
+}
+
+// traceDaemon is one l4lbd run for TestTraceSurvivesRestart: its trace
+// streams events, then ends with end ("closed": l4lbd stopped; "": killed,
+// the stream just stops; "count": the trace is done).
+type traceDaemon struct {
+	api.Provider
+	events int
+	end    string
+	asked  chan api.TraceRequest
+}
+
+func (d *traceDaemon) Trace(_ context.Context, req api.TraceRequest, emit func(api.TraceMessage) error) error {
+	d.asked <- req
+	if err := emit(api.TraceMessage{Stats: &api.TraceStats{}}); err != nil {
+		return err
+	}
+	at := time.Date(2026, 12, 3, 16, 40, 1, 0, time.Local)
+	for i := range d.events {
+		e := api.TraceEvent{Time: at, Hook: "xdp", Interface: "eth0", Proto: "tcp", Client: fmt.Sprintf("198.51.100.7:%d", 40000+i),
+			VIP: "192.0.2.10:80", Direction: "client", Verdict: "tx", Service: "web", Backend: "10.1.0.11:80", Mode: "snat"}
+		if err := emit(api.TraceMessage{Event: &e}); err != nil {
+			return err
+		}
+	}
+	s := api.TraceStats{Matched: uint64(d.events) + 2, Sent: uint64(d.events), Sampled: 2, Reported: d.events}
+	if err := emit(api.TraceMessage{Stats: &s}); err != nil {
+		return err
+	}
+	if d.end == "" {
+		return nil
+	}
+	return emit(api.TraceMessage{End: d.end})
+}
+
+// TestTraceSurvivesRestart runs a trace across an l4lbd that stops (its
+// stream ends "closed") or is killed (the stream just ends) and comes back
+// on the same socket: the trace goes on with what is left of its count
+// and timeout, says so, and sums the counts of both.
+func TestTraceSurvivesRestart(t *testing.T) {
+	for _, end := range []string{"closed", ""} {
+		t.Run(map[string]string{"closed": "stopped", "": "killed"}[end], func(t *testing.T) {
+			sock := filepath.Join(t.TempDir(), "l4lb.sock")
+			first := &traceDaemon{events: 2, end: end, asked: make(chan api.TraceRequest, 1)}
+			second := &traceDaemon{events: 3, end: "count", asked: make(chan api.TraceRequest, 1)}
+			stop := serveAPI(t, sock, first)
+			var out, notes bytes.Buffer
+			p := &tracePrinter{out: &out, notes: &notes}
+			req := api.TraceRequest{Service: "web", Count: 5, Timeout: time.Minute}
+			done := make(chan error, 1)
+			go func() { done <- follow(context.Background(), api.NewClient(sock), req, p, 10*time.Millisecond) }()
+			if got := <-first.asked; got != req {
+				t.Errorf("first l4lbd was asked %+v, want %+v", got, req)
+			}
+			// l4lbd goes down once its stream has ended, and a new one
+			// comes up on the same socket.
+			stop()
+			stop = serveAPI(t, sock, second)
+			defer stop()
+			got := <-second.asked
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+			if got.Service != "web" || got.Count != 3 || got.Timeout <= 0 || got.Timeout >= time.Minute {
+				t.Errorf("restarted l4lbd was asked %+v, want the service, 3 events left and less than a minute", got)
+			}
+			if n := strings.Count(out.String(), "\n"); n != 5 {
+				t.Errorf("%d event lines, want 5 (2 before the restart, 3 after):\n%s", n, out.String())
+			}
+			why := map[string]string{"closed": "stopped", "": "connection lost"}[end]
+			wantNotes := "# 4 packets matched, 2 shown, 2 sampled (over --rate), 0 lost (buffer full)\n" +
+				"# l4lbd went away (" + why + "): 4 packets matched, 2 shown, 2 sampled (over --rate), 0 lost (buffer full); waiting for it to resume the trace\n" +
+				"# l4lbd is back: trace resumed (packets in between were not traced)\n" +
+				"# 9 packets matched, 5 shown, 4 sampled (over --rate), 0 lost (buffer full)\n" +
+				"# trace ended (count): 9 packets matched, 5 shown, 4 sampled (over --rate), 0 lost (buffer full)\n"
+			if notes.String() != wantNotes {
+				t.Errorf("notes:\n%s\nwant:\n%s", notes.String(), wantNotes)
+			}
+		})
+	}
+}
+
+// TestTraceEndsWhileDown checks that a trace whose l4lbd does not come
+// back ends at its timeout, saying why.
+func TestTraceEndsWhileDown(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "l4lb.sock")
+	d := &traceDaemon{events: 1, end: "closed", asked: make(chan api.TraceRequest, 1)}
+	stop := serveAPI(t, sock, d)
+	var notes bytes.Buffer
+	p := &tracePrinter{out: io.Discard, notes: &notes}
+	done := make(chan error, 1)
+	go func() {
+		done <- follow(context.Background(), api.NewClient(sock), api.TraceRequest{Timeout: 300 * time.Millisecond}, p, 10*time.Millisecond)
+	}()
+	<-d.asked
+	stop()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(notes.String(), "# trace ended (timeout, l4lbd not back)") || !strings.Contains(notes.String(), "is l4lbd running?") || !p.ended {
+		t.Errorf("notes:\n%s\nwant the trace ended at its timeout, with the last attempt's error", notes.String())
 	}
 }

@@ -241,6 +241,13 @@ type Counters struct {
 	Packets  uint64 `json:"packets"`
 	Bytes    uint64 `json:"bytes"`
 	NewFlows uint64 `json:"new_flows"`
+	// ReplyPackets and ReplyBytes count a SNAT service's replies: its
+	// backends' packets sent back to clients (L3 bytes as received from
+	// the backend). Absent for backends and DSR services: the SNAT reply
+	// path knows the service of a binding, not the backend's id, and DSR
+	// replies bypass the box.
+	ReplyPackets uint64 `json:"reply_packets,omitempty"`
+	ReplyBytes   uint64 `json:"reply_bytes,omitempty"`
 }
 
 // Service is one programmed service (GET /v1/services, /v1/services/NAME).
@@ -278,7 +285,8 @@ type Backend struct {
 	// connection table (as of at most a few seconds ago). Active: TCP,
 	// established (for SNAT: the binding is past the handshake and saw no
 	// FIN or RST) and seen within datapath.snat_timeouts.tcp; inactive:
-	// every other entry (UDP flows, closing or idle TCP flows).
+	// UDP flows and closing or reopening TCP flows, each until its
+	// state's timeout runs out (idle entries count in neither).
 	ActiveConns   uint64 `json:"active_conns"`
 	InactiveConns uint64 `json:"inactive_conns"`
 }

@@ -143,9 +143,12 @@ type LB struct {
 	events       *ebpf.Map
 	svcStats     *ebpf.Map
 	backendStats *ebpf.Map
-	reasons      *ebpf.Map
-	txPorts      *txPortSet
-	inner        *ebpf.MapSpec
+	// svcReplies counts SNAT replies per service; nil with an object
+	// from before it (Config.Object).
+	svcReplies *ebpf.Map
+	reasons    *ebpf.Map
+	txPorts    *txPortSet
+	inner      *ebpf.MapSpec
 
 	// offline are the maps OpenPinned opened read-only: set only on an
 	// LB that reads the pins of a stopped l4lbd.
@@ -263,6 +266,7 @@ func Load(cfg Config) (*LB, error) {
 		events:       coll.Maps[bpf.LbMapEvents],
 		svcStats:     coll.Maps[bpf.LbMapSvcStats],
 		backendStats: coll.Maps[bpf.LbMapBackendStats],
+		svcReplies:   coll.Maps[bpf.LbMapSvcReplyStats],
 		reasons:      coll.Maps[bpf.LbMapReasons],
 		txPorts:      &txPortSet{m: coll.Maps[bpf.LbMapTxPorts]},
 		inner:        spec.Maps[bpf.LbMapMaglev].InnerMap.Copy(),
@@ -485,6 +489,7 @@ func configure(spec *ebpf.CollectionSpec, cfg Config) error {
 		bpf.LbMapServices:      cfg.MaxServices,
 		bpf.LbMapMaglev:        cfg.MaxServices + 1,
 		bpf.LbMapSvcStats:      cfg.MaxServices + 1,
+		bpf.LbMapSvcReplyStats: cfg.MaxServices + 1,
 		bpf.LbMapSvcGen:        cfg.MaxServices + 1,
 		bpf.LbMapMaglevSwapped: cfg.MaxServices + 1,
 		bpf.LbMapVipFilter:     filterWords(cfg.MaxServices),

@@ -257,6 +257,10 @@ func (d *LB) flowExpiry(st FlowState, a time.Duration, bound bool) time.Duration
 // most maxAge old: counting walks the whole table, and status and metrics
 // may ask on every scrape. The map is shared with later callers: read it,
 // never write it.
+//
+// Inactive counts decay, as IPVS's InActConn does when a connection's
+// timer fires: an entry whose state's time is up (decayed) is counted in
+// neither, though it stays in the table until the LRU evicts it.
 func (d *LB) FlowCounts(maxAge time.Duration) (map[FlowOwner]FlowCount, error) {
 	d.flowCounts.mu.Lock()
 	defer d.flowCounts.mu.Unlock()
@@ -276,9 +280,11 @@ func (d *LB) FlowCounts(maxAge time.Duration) (map[FlowOwner]FlowCount, error) {
 		b, bound := inactive[*k]
 		o := FlowOwner{Service: reconciler.ServiceID(v.SvcId), Backend: reconciler.BackendID(ctBackend(v))}
 		c := out[o]
-		if d.flowState(k, v, age(now, v.LastSeen), b, bound).Active() {
+		a := age(now, v.LastSeen)
+		switch st := d.flowState(k, v, a, b, bound); {
+		case st.Active():
 			c.Active++
-		} else {
+		case !d.decayed(st, a, bound):
 			c.Inactive++
 		}
 		out[o] = c
@@ -289,6 +295,25 @@ func (d *LB) FlowCounts(maxAge time.Duration) (map[FlowOwner]FlowCount, error) {
 	}
 	d.flowCounts.m, d.flowCounts.at = out, time.Now()
 	return out, nil
+}
+
+// decayed reports whether an inactive flow in state st, quiet for a, has
+// outlived its state: idle TCP (past the established timeout), UDP past
+// datapath.snat_timeouts.udp, and a DSR flow its client closed past
+// tcp_closing, as IPVS's FIN_WAIT and TIME_WAIT run out. A flow with a
+// SNAT binding in a closing or SYN state lives as long as its binding,
+// whose timeout counts both directions' packets (bindings drops dead ones).
+func (d *LB) decayed(st FlowState, a time.Duration, bound bool) bool {
+	t := d.cfg.SNATTimeouts
+	switch st {
+	case FlowIdle:
+		return true
+	case FlowUDP:
+		return a > t.UDP
+	case FlowClosing, FlowSynSent:
+		return !bound && a > t.TCPClosing
+	}
+	return false
 }
 
 // FlushResult is what FlushFlows deleted.

@@ -55,16 +55,17 @@ func clientOf(f maglev.Flow) netip.AddrPort { return netip.AddrPortFrom(f.Src, f
 
 // TestFlowsDSR opens TCP flows and sends UDP ones through a DSR service
 // pair, then checks what the connection table says about them: per-backend
-// counts (TCP active, UDP inactive, an entry aged past the established
-// timeout inactive), the listing with filters, and a flush of a draining
-// backend, after which its flows go by the Maglev table again.
+// counts (TCP active, UDP inactive; an entry aged past its state's timeout
+// in neither: inactive counts decay), the listing with filters, and a
+// flush of a draining backend, after which its flows go by the Maglev
+// table again.
 func TestFlowsDSR(t *testing.T) {
 	for _, fam := range families {
 		t.Run(fam.name, func(t *testing.T) {
 			// An established timeout the kernel's clock can age an
 			// entry past, at any uptime.
 			window := bpftest.AgeableTimeout(2*time.Second, time.Hour)
-			e := newEnvWith(t, envOptions{snatTimeouts: datapath.SNATTimeouts{TCP: window}})
+			e := newEnvWith(t, envOptions{snatTimeouts: datapath.SNATTimeouts{TCP: window, TCPClosing: window, UDP: window}})
 			b := fam.backends
 			web := dsrService("web", fam.vip, 80, lb.TCP, b[0], b[1])
 			dns := dsrService("dns", fam.vip, 53, lb.UDP, b[0], b[1])
@@ -75,17 +76,19 @@ func TestFlowsDSR(t *testing.T) {
 			tcp := e.open(t, web, randomFlows(web.Frontend, 40, 7))
 			udp := e.send(t, dns, randomFlows(dns.Frontend, 10, 8))
 			want := map[datapath.FlowOwner]datapath.FlowCount{}
-			for _, c := range tcp {
-				o := datapath.FlowOwner{Service: webID, Backend: webBE[c.backend]}
+			// count moves the expected counts of a service's backend.
+			count := func(svc reconciler.ServiceID, be reconciler.BackendID, active, inactive int) {
+				o := datapath.FlowOwner{Service: svc, Backend: be}
 				n := want[o]
-				n.Active++
+				n.Active = uint64(int64(n.Active) + int64(active))
+				n.Inactive = uint64(int64(n.Inactive) + int64(inactive))
 				want[o] = n
 			}
+			for _, c := range tcp {
+				count(webID, webBE[c.backend], 1, 0)
+			}
 			for _, c := range udp {
-				o := datapath.FlowOwner{Service: dnsID, Backend: dnsBE[c.backend]}
-				n := want[o]
-				n.Inactive++
-				want[o] = n
+				count(dnsID, dnsBE[c.backend], 0, 1)
 			}
 			if len(want) != 4 {
 				t.Fatalf("flows reached %d (service, backend) pairs, want all 4: pick other seeds", len(want))
@@ -110,9 +113,6 @@ func TestFlowsDSR(t *testing.T) {
 				// Idle once its state's timeout has passed since
 				// its latest packet.
 				timeout := window
-				if st == datapath.FlowUDP {
-					timeout = datapath.DefaultSNATTimeouts.UDP
-				}
 				if fl.Expires+fl.Age != timeout || fl.Expires <= 0 {
 					t.Errorf("flow %v: expires in %s at age %s, want the rest of its %s timeout", c.flow, fl.Expires, fl.Age, timeout)
 				}
@@ -129,28 +129,20 @@ func TestFlowsDSR(t *testing.T) {
 				t.Errorf("service filter dns listed %d flows, want %d", n, len(udp))
 			}
 
-			// A TCP entry not seen within the established timeout is idle.
+			// A TCP entry not seen within the established timeout is
+			// idle, and no longer counted: the entry stays, the
+			// connection is gone.
 			aged := tcp[0]
-			key := maglev.FlowKey(aged.flow)
-			ct := e.lb.Maps()[bpf.LbMapConntrack]
-			var v bpf.LbCtValue
-			if err := ct.Lookup(key[:], &v); err != nil {
-				t.Fatal(err)
-			}
-			v.LastSeen = uint64(bpftest.KernelNow() - 2*window)
-			if err := ct.Put(key[:], &v); err != nil {
-				t.Fatal(err)
-			}
+			e.ageFlow(t, aged.flow, 2*window)
 			if fl := e.flows(t, datapath.FlowFilter{})[clientOf(aged.flow)]; fl.State != datapath.FlowIdle || fl.Age < 2*window {
 				t.Errorf("entry aged %s past a %s window: %+v, want idle", 2*window, window, fl)
 			} else if fl.Expires != 0 {
 				t.Errorf("idle entry expires in %s, want 0", fl.Expires)
 			}
-			o := datapath.FlowOwner{Service: webID, Backend: webBE[aged.backend]}
-			n := want[o]
-			n.Active--
-			n.Inactive++
-			want[o] = n
+			count(webID, webBE[aged.backend], -1, 0)
+			// A UDP entry past the UDP timeout decays likewise.
+			e.ageFlow(t, udp[0].flow, 2*window)
+			count(dnsID, dnsBE[udp[0].backend], 0, -1)
 			expectCounts(t, e.flowCounts(t), want)
 
 			// A client's FIN or RST ends a DSR connection: closing,
@@ -163,11 +155,7 @@ func TestFlowsDSR(t *testing.T) {
 				if got := e.checkTX(t, in, e.run(t, in)); got != c.backend {
 					t.Errorf("%s of flow %v went to %s, want its backend %s", map[int]string{0: "FIN", 1: "RST"}[i], c.flow, got, c.backend)
 				}
-				o := datapath.FlowOwner{Service: webID, Backend: webBE[c.backend]}
-				n := want[o]
-				n.Active--
-				n.Inactive++
-				want[o] = n
+				count(webID, webBE[c.backend], -1, 1)
 			}
 			listed := e.flows(t, datapath.FlowFilter{})
 			for _, c := range tcp[1:3] {
@@ -191,11 +179,12 @@ func TestFlowsDSR(t *testing.T) {
 			if fl := e.flows(t, datapath.FlowFilter{})[clientOf(reopened.flow)]; fl.State != datapath.FlowEstablished {
 				t.Errorf("flow %v reopened by a SYN: %s, want established", reopened.flow, fl.State)
 			}
-			o = datapath.FlowOwner{Service: webID, Backend: webBE[reopened.backend]}
-			n = want[o]
-			n.Active++
-			n.Inactive--
-			want[o] = n
+			count(webID, webBE[reopened.backend], 1, -1)
+			expectCounts(t, e.flowCounts(t), want)
+			// A closed DSR flow quiet past tcp_closing decays (IPVS's
+			// TIME_WAIT running out).
+			e.ageFlow(t, tcp[1].flow, 2*window)
+			count(webID, webBE[tcp[1].backend], 0, -1)
 			expectCounts(t, e.flowCounts(t), want)
 
 			// Drain x: its flows stay on it through their entries. A
@@ -236,6 +225,21 @@ func TestFlowsDSR(t *testing.T) {
 				t.Errorf("flushed backend still counts %+v", c)
 			}
 		})
+	}
+}
+
+// ageFlow sets back the latest packet of f's connection-table entry by d.
+func (e *env) ageFlow(t testing.TB, f maglev.Flow, d time.Duration) {
+	t.Helper()
+	key := maglev.FlowKey(f)
+	ct := e.lb.Maps()[bpf.LbMapConntrack]
+	var v bpf.LbCtValue
+	if err := ct.Lookup(key[:], &v); err != nil {
+		t.Fatalf("look up the entry of %v: %v", f, err)
+	}
+	v.LastSeen = uint64(bpftest.KernelNow() - d)
+	if err := ct.Put(key[:], &v); err != nil {
+		t.Fatalf("age the entry of %v: %v", f, err)
 	}
 }
 

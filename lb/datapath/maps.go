@@ -231,7 +231,10 @@ func (d *LB) DeleteService(id reconciler.ServiceID, fe lb.Frontend) error {
 	if err != nil {
 		return fmt.Errorf("service %s: %w", fe, err)
 	}
-	return d.zeroStats(d.svcStats, uint32(id))
+	if err := d.zeroStats(d.svcStats, uint32(id)); err != nil {
+		return err
+	}
+	return d.zeroReplies(uint32(id))
 }
 
 // SetBackend writes the backend entry at id.
@@ -581,6 +584,17 @@ func (d *LB) zeroStats(m *ebpf.Map, key uint32) error {
 	zeros := make([]bpf.LbLbStats, d.cpus)
 	if err := m.Update(&key, zeros, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("reset counters %s[%d]: %w", m, key, err)
+	}
+	return nil
+}
+
+// zeroReplies resets service id's SNAT reply counters.
+func (d *LB) zeroReplies(id uint32) error {
+	if d.svcReplies == nil {
+		return nil
+	}
+	if err := d.svcReplies.Update(&id, make([]bpf.LbReplyStats, d.cpus), ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("reset counters %s[%d]: %w", d.svcReplies, id, err)
 	}
 	return nil
 }

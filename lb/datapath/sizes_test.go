@@ -33,6 +33,7 @@ var (
 		bpf.LbMapHandshakes:      {size(uint32(0)), size(bpf.LbHandshakeBucket{})},
 		bpf.LbMapSvcStats:        {size(uint32(0)), size(bpf.LbLbStats{})},
 		bpf.LbMapBackendStats:    {size(uint32(0)), size(bpf.LbLbStats{})},
+		bpf.LbMapSvcReplyStats:   {size(uint32(0)), size(bpf.LbReplyStats{})},
 		bpf.LbMapReasons:         {size(uint32(0)), size(bpf.LbReasonStats{})},
 		bpf.LbMapTxPorts:         {size(uint32(0)), size(uint32(0))},
 		bpf.LbMapSnatFwd:         {size(bpf.LbFlowKey{}), size(bpf.LbSnatFwdValue{})},

@@ -25,6 +25,7 @@ import (
 	"github.com/l4lb/l4lb/lb"
 	"github.com/l4lb/l4lb/lb/datapath"
 	"github.com/l4lb/l4lb/lb/maglev"
+	"github.com/l4lb/l4lb/lb/reconciler"
 )
 
 // routerMAC is the neighbour MAC of the router the SNAT tests send clients'
@@ -330,6 +331,18 @@ func TestSNATForwardAndReply(t *testing.T) {
 			}
 			if stats.Packets != 4 {
 				t.Errorf("service counted %d packets, want the 4 client packets", stats.Packets)
+			}
+			// The replies, at L3 as the backend sent them.
+			replyL3 := uint64(len(e.frame(t, replyPacket(be, snat, c.proto, false, false))) - 14)
+			if stats.ReplyPackets != 4 || stats.ReplyBytes != 4*replyL3 {
+				t.Errorf("service counted %d replies of %d bytes, want the 4 replies of %d bytes", stats.ReplyPackets, stats.ReplyBytes, 4*replyL3)
+			}
+			bst, err := e.lb.BackendCounters(reconciler.BackendID(beID))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if bst.Packets != 4 || bst.ReplyPackets != 0 {
+				t.Errorf("backend counted %d packets and %d replies, want the 4 client packets and no replies (counted per service)", bst.Packets, bst.ReplyPackets)
 			}
 		})
 	}
@@ -687,6 +700,14 @@ func TestSNATTTL(t *testing.T) {
 				t.Errorf("reply with TTL 1: verdict %s, want %s", c.hook.verdictName(r.verdict), c.hook.verdictName(c.hook.drop()))
 			}
 			e.expectReasons(t, before, map[string]uint64{"drop_ttl_exceeded": 1})
+			// A dropped reply is not a reply sent.
+			stats, err := e.lb.ServiceCounters(e.state(t, svc.Frontend).ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if stats.ReplyPackets != 0 || stats.ReplyBytes != 0 {
+				t.Errorf("the dropped reply counted as %d replies of %d bytes, want none", stats.ReplyPackets, stats.ReplyBytes)
+			}
 		})
 	}
 }

@@ -21,6 +21,12 @@ type Counters struct {
 	Packets  uint64
 	Bytes    uint64
 	NewFlows uint64
+	// ReplyPackets and ReplyBytes count a service's SNAT replies (its
+	// backends' packets sent back to clients); always 0 for a backend
+	// (the reply path knows the service, not the backend id) and for
+	// DSR, whose replies bypass the box.
+	ReplyPackets uint64
+	ReplyBytes   uint64
 }
 
 // ReasonCounters count packets by what happened to them (see ReasonNames).
@@ -43,9 +49,23 @@ func (d *LB) readStats(m *ebpf.Map, key uint32) (Counters, error) {
 	return c, nil
 }
 
-// ServiceCounters returns the counters of service id.
+// ServiceCounters returns the counters of service id, SNAT replies
+// included.
 func (d *LB) ServiceCounters(id reconciler.ServiceID) (Counters, error) {
-	return d.readStats(d.svcStats, uint32(id))
+	c, err := d.readStats(d.svcStats, uint32(id))
+	if err != nil || d.svcReplies == nil {
+		return c, err
+	}
+	key := uint32(id)
+	var per []bpf.LbReplyStats
+	if err := d.svcReplies.Lookup(&key, &per); err != nil {
+		return c, fmt.Errorf("read counters %s[%d]: %w", d.svcReplies, key, err)
+	}
+	for _, s := range per {
+		c.ReplyPackets += s.Packets
+		c.ReplyBytes += s.Bytes
+	}
+	return c, nil
 }
 
 // BackendCounters returns the counters of backend id.

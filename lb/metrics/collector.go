@@ -49,6 +49,11 @@ var (
 	descServiceNewFlows = prometheus.NewDesc("l4lb_service_new_flows_total",
 		"Flows of the service that got a backend from the Maglev table (not from the connection table).", svcLabels, nil)
 
+	descServiceReplyPackets = prometheus.NewDesc("l4lb_service_reply_packets_total",
+		"Replies of the SNAT service's backends that the datapath rewrote and sent back to clients.", svcLabels, nil)
+	descServiceReplyBytes = prometheus.NewDesc("l4lb_service_reply_bytes_total",
+		"Bytes of the SNAT service's replies sent back to clients, counted at L3 as received from the backend.", svcLabels, nil)
+
 	descBackendPackets = prometheus.NewDesc("l4lb_backend_packets_total",
 		"Packets the datapath sent to the backend.", backendLabels, nil)
 	descBackendBytes = prometheus.NewDesc("l4lb_backend_bytes_total",
@@ -68,7 +73,7 @@ var (
 		[]string{labelService, labelBackend, labelState}, nil)
 
 	descBackendConnections = prometheus.NewDesc("l4lb_backend_connections",
-		"The backend's flows in the connection table, by state: active (TCP, established, seen within datapath.snat_timeouts.tcp) or inactive (UDP, closing or idle TCP). Counted at most a few seconds ago.",
+		"The backend's flows in the connection table, by state: active (TCP, established, seen within datapath.snat_timeouts.tcp) or inactive (UDP, TCP closing or reopening), each inactive one until its state's timeout runs out. Counted at most a few seconds ago.",
 		[]string{labelService, labelBackend, labelState}, nil)
 
 	descReasonPackets = prometheus.NewDesc("l4lb_datapath_packets_total",
@@ -170,6 +175,7 @@ var (
 
 var allDescs = []*prometheus.Desc{
 	descServiceInfo, descServicePackets, descServiceBytes, descServiceNewFlows,
+	descServiceReplyPackets, descServiceReplyBytes,
 	descBackendPackets, descBackendBytes, descBackendNewFlows, descBackendWeight,
 	descBackendAdminState, descBackendOverride, descBackendHealth, descBackendConnections,
 	descReasonPackets, descReasonBytes, descEvents,
@@ -333,6 +339,11 @@ func (e emitter) service(svc Service) {
 		e.counter(descServicePackets, c.Packets, svc.Name)
 		e.counter(descServiceBytes, c.Bytes, svc.Name)
 		e.counter(descServiceNewFlows, c.NewFlows, svc.Name)
+		// Only SNAT replies come back through the box.
+		if svc.Mode == lb.ModeSNAT {
+			e.counter(descServiceReplyPackets, c.ReplyPackets, svc.Name)
+			e.counter(descServiceReplyBytes, c.ReplyBytes, svc.Name)
+		}
 	}
 	seen := make(map[netip.AddrPort]bool, len(svc.Backends))
 	for _, b := range svc.Backends {

@@ -33,7 +33,8 @@ var syncTime = time.Date(2026, 1, 2, 3, 4, 5, 500_000_000, time.UTC) // 17673230
 
 // smallSnapshot exercises every field: a programmed DSR service with a
 // healthy active backend and an unhealthy draining override, an IPv6 SNAT
-// service not programmed yet (no counters), and one of each other entry.
+// service not programmed yet (no counters), a programmed SNAT service
+// without backends (reply counters), and one of each other entry.
 func smallSnapshot() Snapshot {
 	return Snapshot{
 		Services: []Service{
@@ -58,6 +59,13 @@ func smallSnapshot() Snapshot {
 				Mode:     lb.ModeSNAT,
 				Source:   "consul",
 				Backends: []Backend{{Addr: netip.MustParseAddrPort("[2001:db8::1]:53"), Weight: 1}},
+			},
+			{
+				Name:     "api",
+				Frontend: lb.Frontend{Addr: netip.MustParseAddr("10.0.0.11"), Port: 443, Proto: lb.TCP},
+				Mode:     lb.ModeSNAT,
+				Source:   "file:/etc/l4lb/l4lb.toml",
+				Counters: &Counters{Packets: 50, Bytes: 3200, NewFlows: 5, ReplyPackets: 40, ReplyBytes: 48000},
 			},
 		},
 		Reasons: []Reason{
@@ -101,7 +109,7 @@ l4lb_backend_admin_state{backend="[2001:db8::1]:53",service="dns",state="drainin
 # TYPE l4lb_backend_bytes_total counter
 l4lb_backend_bytes_total{backend="10.1.0.11:30080",service="web"} 3840
 l4lb_backend_bytes_total{backend="10.1.0.12:30080",service="web"} 2560
-# HELP l4lb_backend_connections The backend's flows in the connection table, by state: active (TCP, established, seen within datapath.snat_timeouts.tcp) or inactive (UDP, closing or idle TCP). Counted at most a few seconds ago.
+# HELP l4lb_backend_connections The backend's flows in the connection table, by state: active (TCP, established, seen within datapath.snat_timeouts.tcp) or inactive (UDP, TCP closing or reopening), each inactive one until its state's timeout runs out. Counted at most a few seconds ago.
 # TYPE l4lb_backend_connections gauge
 l4lb_backend_connections{backend="10.1.0.11:30080",service="web",state="active"} 5
 l4lb_backend_connections{backend="10.1.0.11:30080",service="web",state="inactive"} 1
@@ -170,17 +178,27 @@ l4lb_map_entries{map="conntrack"} 12
 l4lb_map_entries{map="services"} 2
 # HELP l4lb_service_bytes_total Bytes the datapath forwarded for the service, counted at L3 as received.
 # TYPE l4lb_service_bytes_total counter
+l4lb_service_bytes_total{service="api"} 3200
 l4lb_service_bytes_total{service="web"} 6400
 # HELP l4lb_service_info Always 1 for each served service; labels carry its frontend, forwarding mode, DSR dispatch, the source that defined it and the fingerprint of its Maglev table inputs.
 # TYPE l4lb_service_info gauge
 l4lb_service_info{dispatch="ipip",fingerprint="3f2a9c01b7e4",frontend="10.0.0.10:80/tcp",mode="dsr",service="web",source="file:/etc/l4lb/l4lb.toml"} 1
 l4lb_service_info{dispatch="",fingerprint="",frontend="[2001:db8::53]:53/udp",mode="snat",service="dns",source="consul"} 1
+l4lb_service_info{dispatch="",fingerprint="",frontend="10.0.0.11:443/tcp",mode="snat",service="api",source="file:/etc/l4lb/l4lb.toml"} 1
 # HELP l4lb_service_new_flows_total Flows of the service that got a backend from the Maglev table (not from the connection table).
 # TYPE l4lb_service_new_flows_total counter
+l4lb_service_new_flows_total{service="api"} 5
 l4lb_service_new_flows_total{service="web"} 10
 # HELP l4lb_service_packets_total Packets the datapath forwarded for the service.
 # TYPE l4lb_service_packets_total counter
+l4lb_service_packets_total{service="api"} 50
 l4lb_service_packets_total{service="web"} 100
+# HELP l4lb_service_reply_bytes_total Bytes of the SNAT service's replies sent back to clients, counted at L3 as received from the backend.
+# TYPE l4lb_service_reply_bytes_total counter
+l4lb_service_reply_bytes_total{service="api"} 48000
+# HELP l4lb_service_reply_packets_total Replies of the SNAT service's backends that the datapath rewrote and sent back to clients.
+# TYPE l4lb_service_reply_packets_total counter
+l4lb_service_reply_packets_total{service="api"} 40
 # HELP l4lb_services_conflicting Service definitions left out because another source claimed the same frontend or name first (reason: frontend, name).
 # TYPE l4lb_services_conflicting gauge
 l4lb_services_conflicting{reason="frontend",service="web",source="consul"} 1
@@ -329,8 +347,8 @@ func TestCollectorPartialFailure(t *testing.T) {
 	for _, mf := range mfs {
 		got[mf.GetName()] = mf
 	}
-	if mf := got["l4lb_service_info"]; mf == nil || len(mf.GetMetric()) != 2 {
-		t.Errorf("l4lb_service_info: want the 2 good services, got %v", mf)
+	if mf := got["l4lb_service_info"]; mf == nil || len(mf.GetMetric()) != len(snap.Services)-1 {
+		t.Errorf("l4lb_service_info: want the %d good services, got %v", len(snap.Services)-1, mf)
 	}
 	if got["l4lb_conntrack_entries"] == nil {
 		t.Error("l4lb_conntrack_entries missing after a partial failure")

@@ -168,6 +168,9 @@ func TestDashboard(t *testing.T) {
 		"l4lb_snat_capacity", "l4lb_map_entries", "l4lb_map_capacity", "l4lb_reconcile_duration_seconds_bucket",
 		"l4lb_config_reloads_total", "l4lb_config_last_reload_successful", "l4lb_backend_health_state",
 		"l4lb_backend_admin_state", "l4lb_discovery_last_sync_timestamp_seconds", "l4lb_services_conflicting",
+		// ipvsadm --rate and its connection columns.
+		"l4lb_service_new_flows_total", "l4lb_backend_new_flows_total", "l4lb_service_reply_packets_total",
+		"l4lb_service_reply_bytes_total", "l4lb_backend_connections",
 	} {
 		if !used[n] {
 			t.Errorf("dashboard has no panel using %s", n)

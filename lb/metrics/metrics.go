@@ -222,7 +222,9 @@ type Backend struct {
 // Connections count a backend's connection-table entries. Active are TCP
 // flows that are established (for SNAT flows: the binding is past the
 // handshake and saw no FIN or RST) and were seen within
-// datapath.snat_timeouts.tcp; Inactive every other entry.
+// datapath.snat_timeouts.tcp; Inactive are UDP flows and closing or
+// reopening TCP flows, each until its state's timeout runs out (idle
+// entries waiting for the LRU to evict them count in neither).
 type Connections struct {
 	Active, Inactive uint64
 }
@@ -232,6 +234,10 @@ type Counters struct {
 	Packets  uint64
 	Bytes    uint64
 	NewFlows uint64
+	// ReplyPackets and ReplyBytes count a SNAT service's replies (its
+	// backends' packets sent back to clients); 0 for backends.
+	ReplyPackets uint64
+	ReplyBytes   uint64
 }
 
 // Health is what the health checker last concluded about a backend.

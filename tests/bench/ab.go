@@ -94,6 +94,9 @@ func benchAB(t *testnet.Script, objs [][]byte, names []string, k hookKind, v6 bo
 	})
 	for _, rw := range rows {
 		for _, tg := range tgs {
+			if rw.snat && tg.mode != lb.ModeSNAT {
+				continue
+			}
 			add(tg.name+": "+rw.name, func(r *rig) feed {
 				f, _ := rw.feed(t, r, prog(r), k, tg)
 				return f

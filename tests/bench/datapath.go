@@ -256,7 +256,9 @@ type row struct {
 	kind string
 	// flows: the many-flows rows' flow count (0 for the others).
 	flows int
-	feed  func(t *testnet.Script, r *rig, prog *ebpf.Program, k hookKind, tg target) (feed, bool)
+	// snat: the row times SNAT targets only.
+	snat bool
+	feed func(t *testnet.Script, r *rig, prog *ebpf.Program, k hookKind, tg target) (feed, bool)
 }
 
 func (rw row) String() string { return rw.name }
@@ -270,6 +272,15 @@ var rows = []row{
 		// handshake's client ACK and a reply make it established).
 		r.establish(t, prog, k, tg, est)
 		return feed{pkt: func(int) []byte { return est }}, true
+	}},
+	// A backend's reply to an established SNAT flow, rewritten back to
+	// the client (bpf/include/snat.h, snat_reply).
+	{name: "reply", kind: "reply", snat: true, feed: func(t *testnet.Script, r *rig, prog *ebpf.Program, k hookKind, tg target) (feed, bool) {
+		if tg.mode != lb.ModeSNAT {
+			return feed{}, false
+		}
+		reply := r.establish(t, prog, k, tg, r.packet(t, tg, 3000+uint16(k), false, true))
+		return feed{pkt: func(int) []byte { return reply }}, true
 	}},
 	// Established flows that miss the flow cache: many flows, cycled
 	// (bpf/include/flowcache.h).
@@ -653,11 +664,11 @@ func isSNAT(name string) bool { return strings.HasPrefix(name, "snat") }
 // establish puts tg's flow of frame est in the datapath's tables as a
 // connection in the middle of its life: the client's packet, and for SNAT
 // the backend's answer and the client's next packet (a binding that has
-// seen both directions).
-func (r *rig) establish(t *testnet.Script, prog *ebpf.Program, k hookKind, tg target, est []byte) {
+// seen both directions). It returns the backend's answer, nil for DSR.
+func (r *rig) establish(t *testnet.Script, prog *ebpf.Program, k hookKind, tg target, est []byte) []byte {
 	r.timeRuns(t, prog, k, 1, func(int) []byte { return est })
 	if tg.mode != lb.ModeSNAT {
-		return
+		return nil
 	}
 	// The binding's port: the datapath's own choice, read back from the
 	// rewritten packet.
@@ -689,6 +700,7 @@ func (r *rig) establish(t *testnet.Script, prog *ebpf.Program, k hookKind, tg ta
 	reply := pkttest.Build(t, pkttest.Packet{DstMAC: r.mac, Src: be, Dst: snat, ACK: true, Payload: make([]byte, 64)})
 	r.timeRuns(t, prog, k, 1, func(int) []byte { return reply })
 	r.timeRuns(t, prog, k, 1, func(int) []byte { return est })
+	return reply
 }
 
 // benchScale times the main paths at 1, 10,000 and 100,000 services, each
