@@ -126,30 +126,18 @@ func TestAnnounceSomeEqualsAll(t *testing.T) {
 		svcs[i] = s
 		programmed[s.Frontend] = &plan.Programmed{ServiceState: reconciler.ServiceState{HasEntry: rng.IntN(6) != 0, HasTable: true}}
 	}
-	viewOf := func() *view {
-		pos := map[string]int{}
-		for i, s := range svcs {
-			pos[s.Name] = i
-		}
-		return &view{View: &plan.View{Services: cow.SliceOf(slices.Clone(svcs)), Pos: pos, Index: plan.IndexOf(maps.Clone(programmed)),
-			Health: cow.MapOf(maps.Clone(states)), VIPs: config.IndexVIPs(svcs)}}
-	}
+	viewOf := func() *view { return testView(svcs, programmed, states) }
 	all := func(v *view) []announce.VIP {
 		in, _, _ := announceInputs(v.Services, v.Index, v.Health.Get)
 		return announce.Decide(in, 1)
 	}
-	for i := range n {
-		randomize(i)
-	}
-	last := all(viewOf())
-	for step := range 300 {
-		var changed []string
-		for range 1 + rng.IntN(3) {
-			i := rng.IntN(n)
-			randomize(i)
-			changed = append(changed, svcs[i].Name)
-		}
+	last := []announce.VIP(nil)
+	randomSteps(rng, n, randomize, func(i int) string { return svcs[i].Name }, func(step int, changed []string) {
 		v := viewOf()
+		if changed == nil {
+			last = all(v)
+			return
+		}
 		in, addrs, _ := someInputs(v, changed)
 		got := spliceVIPs(last, announce.Decide(in, 1), addrs)
 		want := all(v)
@@ -157,5 +145,35 @@ func TestAnnounceSomeEqualsAll(t *testing.T) {
 			t.Fatalf("step %d, %v changed:\ngot  %+v\nwant %+v", step, changed, got, want)
 		}
 		last = got
+	})
+}
+
+// testView is a view of svcs with what is programmed and the health
+// states given (copied), as a pass would publish it.
+func testView(svcs []lb.Service, programmed map[lb.Frontend]*plan.Programmed, states map[health.Key]health.Status) *view {
+	pos := map[string]int{}
+	for i, s := range svcs {
+		pos[s.Name] = i
+	}
+	return &view{View: &plan.View{Services: cow.SliceOf(slices.Clone(svcs)), Pos: pos, Index: plan.IndexOf(maps.Clone(programmed)),
+		Health: cow.MapOf(maps.Clone(states)), VIPs: config.IndexVIPs(svcs)}}
+}
+
+// randomSteps makes n random services (randomize(i)), calls step(0, nil),
+// then 300 times changes one to three of them and calls step with the
+// names (name(i)) of those changed.
+func randomSteps(rng *rand.Rand, n int, randomize func(int), name func(int) string, step func(int, []string)) {
+	for i := range n {
+		randomize(i)
+	}
+	step(0, nil)
+	for k := range 300 {
+		var changed []string
+		for range 1 + rng.IntN(3) {
+			i := rng.IntN(n)
+			randomize(i)
+			changed = append(changed, name(i))
+		}
+		step(k+1, changed)
 	}
 }

@@ -4,14 +4,11 @@ package daemon
 
 import (
 	"fmt"
-	"maps"
 	"math/rand/v2"
 	"net/netip"
 	"reflect"
-	"slices"
 	"testing"
 
-	"github.com/l4lb/l4lb/internal/cow"
 	"github.com/l4lb/l4lb/lb"
 	"github.com/l4lb/l4lb/lb/fleet"
 	"github.com/l4lb/l4lb/lb/plan"
@@ -35,25 +32,14 @@ func TestFleetPatchEqualsFull(t *testing.T) {
 		}
 		programmed[s.Frontend] = ps
 	}
-	viewOf := func() *view {
-		pos := map[string]int{}
-		for i, s := range svcs {
-			pos[s.Name] = i
-		}
-		return &view{View: &plan.View{Services: cow.SliceOf(slices.Clone(svcs)), Pos: pos, Index: plan.IndexOf(maps.Clone(programmed))}}
-	}
-	for i := range n {
-		randomize(i)
-	}
-	last := fleet.Box{Name: "box", Services: fleetServices(viewOf(), nil)}
-	for step := range 300 {
-		var changed []string
-		for range 1 + rng.IntN(3) {
-			i := rng.IntN(n)
-			randomize(i)
-			changed = append(changed, svcs[i].Name)
-		}
+	viewOf := func() *view { return testView(svcs, programmed, nil) }
+	var last fleet.Box
+	randomSteps(rng, n, randomize, func(i int) string { return svcs[i].Name }, func(step int, changed []string) {
 		v := viewOf()
+		if changed == nil {
+			last = fleet.Box{Name: "box", Services: fleetServices(v, nil)}
+			return
+		}
 		got, same := fleetPatch(last, v, changed)
 		want := fleetServices(v, nil)
 		if !reflect.DeepEqual(got.Services, want) {
@@ -63,5 +49,5 @@ func TestFleetPatchEqualsFull(t *testing.T) {
 			t.Fatalf("step %d: same = %v, but the records are %v and %v", step, same, last.Services, want)
 		}
 		last = got
-	}
+	})
 }
