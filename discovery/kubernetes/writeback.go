@@ -140,9 +140,19 @@ func (s *Source) writeAll(ctx context.Context, rec record.EventRecorder) bool {
 	s.mu.Lock()
 	res := s.result
 	programmed := s.programmed
-	frontends := maps.Clone(s.frontends)
 	whole, dirty := s.statusAll, s.statusDirty
 	s.statusAll, s.statusDirty = false, map[key]bool{}
+	// The frontends of the Services this round looks at: all of them
+	// only when it looks at every Service.
+	var frontends map[key][]lb.Frontend
+	if whole {
+		frontends = maps.Clone(s.frontends)
+	} else {
+		frontends = make(map[key][]lb.Frontend, len(dirty))
+		for k := range dirty {
+			frontends[k] = s.frontends[k]
+		}
+	}
 	s.mu.Unlock()
 	var todo []*corev1.Service
 	if whole {
