@@ -211,3 +211,36 @@ func TestFlowCountsAcrossRestart(t *testing.T) {
 		t.Errorf("after the restart without counting: %d packets, %d bytes; want none", p, b)
 	}
 }
+
+// TestFlowCountsOverInsertRate checks that a flow forwarded over
+// flow_insert_rate, which gets no connection entry, gets no counter
+// either: a flood of new flows cannot push counters out faster than it can
+// push out entries.
+func TestFlowCountsOverInsertRate(t *testing.T) {
+	onOneCPU(t)
+	fam := families[0]
+	// The burst is one entry: the first flow takes it, a later one
+	// (the next, unless a second passed in between) is over the rate.
+	e := newEnvWith(t, envOptions{insertRate: 1, flowCounts: true})
+	svc := dsrService("dns", fam.vip, 53, lb.UDP, fam.backends[:2]...)
+	e.reconcile(t, svc)
+	for port := uint16(44000); ; port++ {
+		if port == 44010 {
+			t.Fatal("10 new flows in a row at a rate of one a second were all given an entry")
+		}
+		f := flowTo(svc.Frontend, fam.client, port)
+		ev, counters := e.events(t), e.flowCountEntries(t)
+		e.sendDSR(t, hookXDP, f, packet(f, false, false, make([]byte, 20)))
+		limited := e.events(t)["ct_insert_limited"] > ev["ct_insert_limited"]
+		_, _, entry := e.packetsOf(t, f)
+		switch n := e.flowCountEntries(t); {
+		case limited && (entry || n != counters):
+			t.Fatalf("flow over the insert rate: entry %t, counters %d -> %d; want no entry and no counter", entry, counters, n)
+		case !limited && (!entry || n != counters+1):
+			t.Fatalf("flow under the insert rate: entry %t, counters %d -> %d; want an entry and one more counter", entry, counters, n)
+		}
+		if limited {
+			return
+		}
+	}
+}
