@@ -23,6 +23,7 @@
 #include "include/encap.h"
 #include "include/filter.h"
 #include "include/flowcache.h"
+#include "include/flowcounts.h"
 #include "include/forward.h"
 #include "include/hook.h"
 #include "include/icmp.h"
@@ -594,6 +595,7 @@ established:
 	mode = L4LB_WORD_MODE(word);
 	dispatch = L4LB_WORD_DISPATCH(word);
 	sel.new_flow = 0;
+	sel.has_entry = 1;
 	if (unlikely(ah_refused(p, mode, dispatch))) {
 		count_reason(L4LB_R_PASS_IPV6_AH, p->l3_len);
 		return hook_pass(h);
@@ -629,8 +631,10 @@ forward:
 
 	if (reason >= 0)
 		count_reason(reason, p->l3_len);
-	if (verdict != hook_drop(h))
+	if (verdict != hook_drop(h)) {
 		count_forward(svc_id, sel.backend_id, p->l3_len, sel.new_flow);
+		flow_count(&p->key, p->l3_len, sel.has_entry);
+	}
 	return verdict;
 }
 

@@ -79,6 +79,12 @@ type LbFlowCacheEntry struct {
 	_         [4]byte
 }
 
+type LbFlowCount struct {
+	_       structs.HostLayout
+	Packets uint64
+	Bytes   uint64
+}
+
 type LbFlowKey struct {
 	_     structs.HostLayout
 	Src   [16]uint8
@@ -452,6 +458,7 @@ const (
 	LbMapEvents               = "events"
 	LbMapFlowCache            = "flow_cache"
 	LbMapFlowCacheGen         = "flow_cache_gen"
+	LbMapFlowCounts           = "flow_counts"
 	LbMapHandshakes           = "handshakes"
 	LbMapIcmpBuckets          = "icmp_buckets"
 	LbMapIngressCache         = "ingress_cache"
@@ -490,6 +497,7 @@ const (
 	LbVarCfgEncapSrc6         = "cfg_encap_src6"
 	LbVarCfgEncapSrc6HostMask = "cfg_encap_src6_host_mask"
 	LbVarCfgEncapTtl          = "cfg_encap_ttl"
+	LbVarCfgFlowCounts        = "cfg_flow_counts"
 	LbVarCfgHandshakeHoldNs   = "cfg_handshake_hold_ns"
 	LbVarCfgHandshakeMask     = "cfg_handshake_mask"
 	LbVarCfgHcMark            = "cfg_hc_mark"
@@ -573,6 +581,7 @@ type LbMapSpecs struct {
 	Events          *ebpf.MapSpec `ebpf:"events"`
 	FlowCache       *ebpf.MapSpec `ebpf:"flow_cache"`
 	FlowCacheGen    *ebpf.MapSpec `ebpf:"flow_cache_gen"`
+	FlowCounts      *ebpf.MapSpec `ebpf:"flow_counts"`
 	Handshakes      *ebpf.MapSpec `ebpf:"handshakes"`
 	IcmpBuckets     *ebpf.MapSpec `ebpf:"icmp_buckets"`
 	IngressCache    *ebpf.MapSpec `ebpf:"ingress_cache"`
@@ -614,6 +623,7 @@ type LbVariableSpecs struct {
 	CfgEncapSrc6         *ebpf.VariableSpec `ebpf:"cfg_encap_src6"`
 	CfgEncapSrc6HostMask *ebpf.VariableSpec `ebpf:"cfg_encap_src6_host_mask"`
 	CfgEncapTtl          *ebpf.VariableSpec `ebpf:"cfg_encap_ttl"`
+	CfgFlowCounts        *ebpf.VariableSpec `ebpf:"cfg_flow_counts"`
 	CfgHandshakeHoldNs   *ebpf.VariableSpec `ebpf:"cfg_handshake_hold_ns"`
 	CfgHandshakeMask     *ebpf.VariableSpec `ebpf:"cfg_handshake_mask"`
 	CfgHcMark            *ebpf.VariableSpec `ebpf:"cfg_hc_mark"`
@@ -666,6 +676,7 @@ type LbMaps struct {
 	Events          *ebpf.Map `ebpf:"events"`
 	FlowCache       *ebpf.Map `ebpf:"flow_cache"`
 	FlowCacheGen    *ebpf.Map `ebpf:"flow_cache_gen"`
+	FlowCounts      *ebpf.Map `ebpf:"flow_counts"`
 	Handshakes      *ebpf.Map `ebpf:"handshakes"`
 	IcmpBuckets     *ebpf.Map `ebpf:"icmp_buckets"`
 	IngressCache    *ebpf.Map `ebpf:"ingress_cache"`
@@ -709,6 +720,7 @@ func (m *LbMaps) Close() error {
 		m.Events,
 		m.FlowCache,
 		m.FlowCacheGen,
+		m.FlowCounts,
 		m.Handshakes,
 		m.IcmpBuckets,
 		m.IngressCache,
@@ -751,6 +763,7 @@ type LbVariables struct {
 	CfgEncapSrc6         *ebpf.Variable `ebpf:"cfg_encap_src6"`
 	CfgEncapSrc6HostMask *ebpf.Variable `ebpf:"cfg_encap_src6_host_mask"`
 	CfgEncapTtl          *ebpf.Variable `ebpf:"cfg_encap_ttl"`
+	CfgFlowCounts        *ebpf.Variable `ebpf:"cfg_flow_counts"`
 	CfgHandshakeHoldNs   *ebpf.Variable `ebpf:"cfg_handshake_hold_ns"`
 	CfgHandshakeMask     *ebpf.Variable `ebpf:"cfg_handshake_mask"`
 	CfgHcMark            *ebpf.Variable `ebpf:"cfg_hc_mark"`

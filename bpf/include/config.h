@@ -98,4 +98,8 @@ volatile const __u32 cfg_ct_filter_mask = 0;
  * backend its SYN-ACK. */
 volatile const __u64 cfg_handshake_hold_ns = 240000000000ULL; /* 4 min */
 
+/* Count packets and bytes per flow for IPFIX records (flowcounts.h): set
+ * when [ipfix] is configured with counts on. 0: none of it runs. */
+volatile const __u8 cfg_flow_counts = 0;
+
 #endif

@@ -45,6 +45,7 @@ struct selection {
 	__u32 backend_id;
 	__u32 hash;     /* entropy for outer headers */
 	int new_flow;   /* an entry was created or re-balanced */
+	int has_entry;  /* the flow has a connection entry (hit, made or re-balanced) */
 	/* The flow-cache slot of an established flow (flowcache.h): its
 	 * route is read from there, or written there once resolved. */
 	struct flow_cache_entry *fc;
@@ -217,6 +218,8 @@ static __always_inline int select_backend(struct packet *p, const struct svc_val
 	__u32 id;
 
 	sel->new_flow = 0;
+	/* An entry it hits, or rewrites when re-balanced. */
+	sel->has_entry = ct != NULL;
 	sel->fc = NULL;
 	if (ct && ct->svc_id == svc->id) {
 		id = L4LB_CT_ID(ct->backend_id);
@@ -339,6 +342,8 @@ chosen:
 			ct_filter_add(&p->key);
 			if (bpf_map_update_elem(&conntrack, &p->key, &v, BPF_ANY))
 				count_reason(L4LB_R_EVENT_CT_INSERT_FAILED, p->l3_len);
+			else
+				sel->has_entry = 1;
 		}
 		sel->new_flow = 1;
 	} else if (hb) {

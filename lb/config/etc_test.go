@@ -172,6 +172,16 @@ func TestEtcDiscoveryBlockParses(t *testing.T) {
 	if diff := cmp.Diff(minimal.Fleet, cfg.Fleet); diff != "" {
 		t.Errorf("documented [fleet] values differ from the defaults (-default +etc):\n%s", diff)
 	}
+	// [ipfix] needs its collectors; the rest (counts on) the defaults.
+	ipfixMin, err := Parse("minimal ipfix", []byte(head+"[ipfix]\ncollectors = [\"192.0.2.50:4739\"]\n"), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.IPFIX == nil || !ipfixMin.IPFIX.Counts {
+		t.Errorf("uncommented [ipfix]: %+v; defaults: %+v (counts must default to on)", cfg.IPFIX, ipfixMin.IPFIX)
+	} else if diff := cmp.Diff(ipfixMin.IPFIX, cfg.IPFIX); diff != "" {
+		t.Errorf("documented [ipfix] values differ from the defaults (-default +etc):\n%s", diff)
+	}
 	if *cfg.Consul != *empty.Consul {
 		t.Errorf("documented [discovery.consul] values differ from the defaults:\n%+v\nvs\n%+v", *cfg.Consul, *empty.Consul)
 	}

@@ -34,6 +34,10 @@ type IPFIX struct {
 	EnterpriseNumber uint32
 	// MaxFlows bounds the flows followed between scans (memory).
 	MaxFlows int
+	// Counts puts each flow's packets and bytes into its records: the
+	// datapath counts per flow (docs/observability.md says what that
+	// costs). On unless counts = false.
+	Counts bool
 }
 
 // [ipfix] defaults.
@@ -56,6 +60,7 @@ func (c *checker) ipfix(r *rawIPFIX) *IPFIX {
 	x := &IPFIX{
 		ScanInterval: defaultIPFIXScan, ActiveTimeout: defaultIPFIXActive, IdleTimeout: defaultIPFIXIdle,
 		TemplateRefresh: defaultIPFIXTemplates, Sampling: 1, EnterpriseNumber: defaultIPFIXEnterprise, MaxFlows: defaultIPFIXMaxFlows,
+		Counts: true,
 	}
 	if r.Collectors == nil {
 		s.errorf("", ipfixCollectorsRequired)
@@ -117,6 +122,9 @@ func (c *checker) ipfix(r *rawIPFIX) *IPFIX {
 	}
 	if n, ok := s.intIn("max_flows", r.MaxFlows, 1, maxIPFIXMaxFlows, fmt.Sprintf("use 1..%d flows followed at once (about 200 bytes each)", maxIPFIXMaxFlows)); ok {
 		x.MaxFlows = int(n)
+	}
+	if b, ok := s.boolean("counts", r.Counts); ok {
+		x.Counts = b
 	}
 	return x
 }

@@ -223,4 +223,5 @@ type rawIPFIX struct {
 	ObservationDomain any `toml:"observation_domain"`
 	EnterpriseNumber  any `toml:"enterprise_number"`
 	MaxFlows          any `toml:"max_flows"`
+	Counts            any `toml:"counts"`
 }

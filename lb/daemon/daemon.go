@@ -195,6 +195,8 @@ func datapathConfig(cfg *config.Config, log *slog.Logger) datapath.Config {
 		SNATMax:        cfg.Datapath.SNATMax,
 		ICMPRateLimit:  cfg.Datapath.ICMPRateLimit,
 		FlowInsertRate: cfg.Datapath.FlowInsertRate,
+		// Counted only for IPFIX records: nothing else reads them.
+		FlowCounts: cfg.IPFIX != nil && cfg.IPFIX.Counts,
 		SNATTimeouts: datapath.SNATTimeouts{
 			TCP:        cfg.Datapath.SNATTimeouts.TCP,
 			TCPClosing: cfg.Datapath.SNATTimeouts.TCPClosing,

@@ -38,7 +38,7 @@ func (d *Daemon) startIPFIX(ctx context.Context, wg *sync.WaitGroup, cfg *config
 	}
 	exp, err := ipfix.NewExporter(ipfix.ExporterConfig{
 		Collectors: x.Collectors, TemplateRefresh: x.TemplateRefresh,
-		ObservationDomain: x.ObservationDomain, Enterprise: x.EnterpriseNumber,
+		ObservationDomain: x.ObservationDomain, Enterprise: x.EnterpriseNumber, Counts: x.Counts,
 	})
 	if err != nil {
 		return err
@@ -88,6 +88,8 @@ func (d *Daemon) ipfixScan(r *ipfixRun, now time.Time) {
 				Mode:     modes[fl.Service],
 				LastSeen: now.Add(-fl.Age),
 				Closing:  fl.State == datapath.FlowClosing,
+				Packets:  fl.Packets,
+				Bytes:    fl.Bytes,
 			}
 			if be, ok := names.backends[fl.Backend]; ok && names.owner[fl.Backend] == fl.Service {
 				f.Backend = be
@@ -101,8 +103,17 @@ func (d *Daemon) ipfixScan(r *ipfixRun, now time.Time) {
 	if err != nil {
 		d.log.Warn("IPFIX: could not read the whole connection table; flows not reached are kept until the next scan", "error", err)
 	}
+	var done []datapath.FlowID
 	for _, rec := range recs {
 		r.records[rec.Event].Add(1)
+		if rec.Final() {
+			done = append(done, datapath.FlowID{Client: rec.Client, Frontend: lb.Frontend{Addr: rec.VIP.Addr(), Port: rec.VIP.Port(), Proto: lb.Protocol(rec.Proto)}})
+		}
+	}
+	// Their records are made: the counters go, so that the datapath's
+	// table holds the flows still reported.
+	if err := d.dp.ForgetFlowCounts(done); err != nil {
+		d.log.Warn("IPFIX: counters of ended flows not deleted; the table's LRU drops them when it needs room", "error", err)
 	}
 	if err := r.exp.Export(now, recs); err != nil {
 		d.log.Warn("IPFIX: records not sent", "error", err)

@@ -101,6 +101,12 @@ type Config struct {
 	// backend its SYN went to (swaps.go); 0 takes DefaultHandshakeHold.
 	// Not a configuration key: tests shorten it.
 	HandshakeHold time.Duration
+	// FlowCounts makes the datapath count each flow's forwarded client
+	// packets and bytes (bpf/include/flowcounts.h) for Flows to report:
+	// l4lbd sets it when IPFIX export is configured with counts. Off,
+	// the programs do none of that work. It is a load-time constant: a
+	// restart is what turns it on or off.
+	FlowCounts bool
 	// Object, when set, is a compiled LB object (an ELF file's bytes) to
 	// load instead of the embedded one. It is for measuring a build of
 	// bpf/lb.c against another (`make bench-ab`); it must declare the maps
@@ -146,9 +152,12 @@ type LB struct {
 	// svcReplies counts SNAT replies per service; nil with an object
 	// from before it (Config.Object).
 	svcReplies *ebpf.Map
-	reasons    *ebpf.Map
-	txPorts    *txPortSet
-	inner      *ebpf.MapSpec
+	// flowCountMap holds the per-flow counts (flowcounts.go); nil with
+	// an object from before it (Config.Object).
+	flowCountMap *ebpf.Map
+	reasons      *ebpf.Map
+	txPorts      *txPortSet
+	inner        *ebpf.MapSpec
 
 	// offline are the maps OpenPinned opened read-only: set only on an
 	// LB that reads the pins of a stopped l4lbd.
@@ -267,6 +276,7 @@ func Load(cfg Config) (*LB, error) {
 		svcStats:     coll.Maps[bpf.LbMapSvcStats],
 		backendStats: coll.Maps[bpf.LbMapBackendStats],
 		svcReplies:   coll.Maps[bpf.LbMapSvcReplyStats],
+		flowCountMap: coll.Maps[bpf.LbMapFlowCounts],
 		reasons:      coll.Maps[bpf.LbMapReasons],
 		txPorts:      &txPortSet{m: coll.Maps[bpf.LbMapTxPorts]},
 		inner:        spec.Maps[bpf.LbMapMaglev].InnerMap.Copy(),
@@ -468,6 +478,11 @@ func configure(spec *ebpf.CollectionSpec, cfg Config) error {
 	}
 	maps.Copy(vars, icmp)
 	maps.Copy(vars, insertVars(cfg.FlowInsertRate))
+	counts, err := flowCountVars(spec, cfg.FlowCounts)
+	if err != nil {
+		return err
+	}
+	maps.Copy(vars, counts)
 	vars[bpf.LbVarCfgVipFilterMask] = filterWords(cfg.MaxServices) - 1
 	vars[bpf.LbVarCfgHandshakeMask] = handshakeBuckets(cfg.ConntrackMax) - 1
 	vars[bpf.LbVarCfgCtFilterMask] = ctFilterWords(cfg.ConntrackMax) - 1
@@ -498,6 +513,7 @@ func configure(spec *ebpf.CollectionSpec, cfg Config) error {
 		bpf.LbMapBackendRoutes: cfg.MaxBackends + 1,
 		bpf.LbMapNexthops:      cfg.MaxBackends + 1,
 		bpf.LbMapConntrack:     cfg.ConntrackMax,
+		bpf.LbMapFlowCounts:    flowCountsSize(cfg),
 		bpf.LbMapHandshakes:    handshakeBuckets(cfg.ConntrackMax),
 		bpf.LbMapSrcRanges:     cfg.MaxSourceRanges,
 		// VIPs (at most one per service) and interface addresses.

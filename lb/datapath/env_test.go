@@ -146,6 +146,8 @@ type envOptions struct {
 	anonNS bool
 	// handshakeHold is datapath.Config.HandshakeHold; 0 takes the default.
 	handshakeHold time.Duration
+	// flowCounts is datapath.Config.FlowCounts.
+	flowCounts bool
 }
 
 type xdpMD struct {
@@ -230,6 +232,7 @@ func (e *env) config(o envOptions) datapath.Config {
 		ICMPRateLimit:  o.icmpRate,
 		FlowInsertRate: o.insertRate,
 		HandshakeHold:  o.handshakeHold,
+		FlowCounts:     o.flowCounts,
 		Netns:          e.ns.Handle(),
 		Log:            slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	}
@@ -750,6 +753,24 @@ func checkEncapHash(t testing.TB, in, out []byte, hash uint64) netip.Addr {
 		t.Errorf("inner packet differs from the client's:\n got %x\nwant %x", got, inner)
 	}
 	return backend
+}
+
+// mapEntries counts the entries of a hash map with keys K and values V.
+func mapEntries[K, V any](t testing.TB, m *ebpf.Map) int {
+	t.Helper()
+	var (
+		k K
+		v V
+		n int
+	)
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		n++
+	}
+	if err := it.Err(); err != nil {
+		t.Fatalf("walk %s: %v", m, err)
+	}
+	return n
 }
 
 // sizeOfL3 is the IP length of a frame: what byte counters count.

@@ -80,6 +80,11 @@ type Flow struct {
 	// SNAT is the source the flow's SNAT binding gives it towards the
 	// backend; invalid for DSR flows and flows without a binding.
 	SNAT netip.AddrPort
+	// Packets and Bytes are the client packets forwarded and their IP
+	// octets since the flow's counter was made (flowcounts.go): 0 when
+	// the datapath does not count (Config.FlowCounts) or the flow has
+	// no counter.
+	Packets, Bytes uint64
 }
 
 // FlowFilter selects connection-table entries. A nil set matches all.
@@ -215,6 +220,10 @@ func (d *LB) Flows(f FlowFilter, fn func(Flow) bool) error {
 	if err != nil {
 		return err
 	}
+	counts, err := d.readFlowCounts()
+	if err != nil {
+		return err
+	}
 	return walk(d.conntrack, func(k *bpf.LbFlowKey, v *bpf.LbCtValue) bool {
 		if !f.match(v.SvcId, ctBackend(v)) {
 			return true
@@ -232,6 +241,9 @@ func (d *LB) Flows(f FlowFilter, fn func(Flow) bool) error {
 		fl.Expires = d.flowExpiry(fl.State, a, bound)
 		if bound {
 			fl.SNAT = b.snat
+		}
+		if c, ok := counts[*k]; ok {
+			fl.Packets, fl.Bytes = c.Packets, c.Bytes
 		}
 		return fn(fl)
 	})

@@ -375,19 +375,7 @@ func TestICMPErrorSNAT(t *testing.T) {
 // affinityEntries counts the entries of the affinity table.
 func (e *env) affinityEntries(t testing.TB) int {
 	t.Helper()
-	var (
-		k bpf.LbAffinityKey
-		v bpf.LbAffinityValue
-		n int
-	)
-	it := e.lb.Maps()[bpf.LbMapAffinity].Iterate()
-	for it.Next(&k, &v) {
-		n++
-	}
-	if err := it.Err(); err != nil {
-		t.Fatalf("read the affinity table: %v", err)
-	}
-	return n
+	return mapEntries[bpf.LbAffinityKey, bpf.LbAffinityValue](t, e.lb.Maps()[bpf.LbMapAffinity])
 }
 
 // TestICMPErrorThroughCompanion feeds what the LB sends a backend for an

@@ -30,6 +30,7 @@ var (
 		bpf.LbMapBackends:        {size(uint32(0)), size(bpf.LbBackend{})},
 		bpf.LbMapMaglev:          {size(uint32(0)), size(uint32(0))}, // value: an inner map
 		bpf.LbMapConntrack:       {size(bpf.LbFlowKey{}), size(bpf.LbCtValue{})},
+		bpf.LbMapFlowCounts:      {size(bpf.LbFlowKey{}), size(bpf.LbFlowCount{})},
 		bpf.LbMapHandshakes:      {size(uint32(0)), size(bpf.LbHandshakeBucket{})},
 		bpf.LbMapSvcStats:        {size(uint32(0)), size(bpf.LbLbStats{})},
 		bpf.LbMapBackendStats:    {size(uint32(0)), size(bpf.LbLbStats{})},

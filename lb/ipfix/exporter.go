@@ -22,6 +22,10 @@ type ExporterConfig struct {
 	ObservationDomain uint32
 	// Enterprise is the private enterprise number of the l4lb elements.
 	Enterprise uint32
+	// Counts puts packetDeltaCount and octetDeltaCount (Record.Packets,
+	// Record.Bytes) into every template; without it the records carry
+	// none (the datapath does not count).
+	Counts bool
 }
 
 // DefaultTemplateRefresh is ipfix.template_refresh's default.
@@ -105,7 +109,7 @@ func (e *Exporter) exportTo(c *collector, now time.Time, recs []Record) error {
 	var first error
 	m := newMessage(e.buf)
 	if c.templates.IsZero() || now.Sub(c.templates) >= e.cfg.TemplateRefresh {
-		m.templates(e.cfg.Enterprise)
+		m.templates(e.cfg.Enterprise, e.cfg.Counts)
 		c.templates = now
 	}
 	send := func() {
@@ -127,7 +131,7 @@ func (e *Exporter) exportTo(c *collector, now time.Time, recs []Record) error {
 	var rec []byte
 	for i := range recs {
 		t := templateOf(&recs[i])
-		rec = appendRecord(rec[:0], &recs[i])
+		rec = appendRecord(rec[:0], &recs[i], e.cfg.Counts)
 		if !m.fits(t, len(rec)) {
 			send()
 		}

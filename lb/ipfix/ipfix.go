@@ -19,6 +19,8 @@ import (
 
 // IANA information elements the records use (https://www.iana.org/assignments/ipfix).
 const (
+	ieOctetDeltaCount               = 1
+	iePacketDeltaCount              = 2
 	ieProtocolIdentifier            = 4
 	ieSourceTransportPort           = 7
 	ieSourceIPv4Address             = 8
@@ -105,7 +107,16 @@ type Record struct {
 	Backend, SNAT netip.AddrPort
 	Start, End    time.Time
 	Service, Mode string
+	// Packets and Bytes are the flow's client packets and their IP
+	// octets (header and payload) since its previous record, or since it
+	// began for its first: packetDeltaCount and octetDeltaCount (RFC
+	// 7012), sent when the exporter's Counts is set.
+	Packets, Bytes uint64
 }
+
+// Final reports whether r is its flow's last record: an end that is not a
+// re-balance (whose flow goes on as a new one with the same counter).
+func (r *Record) Final() bool { return r.Event == EventEnded && r.Reason != EndForced }
 
 // Template IDs: one per family, without and with flowEndReason.
 const (
@@ -123,7 +134,10 @@ type field struct {
 
 const varLen = 0xffff
 
-func templateFields(v6, end bool) []field {
+// templateFields is the layout of a template: IPv6 or IPv4, with
+// flowEndReason (active and ended records) or without (created), with the
+// counts or without.
+func templateFields(v6, end, counts bool) []field {
 	addr := uint16(4)
 	src, dst, natSrc, natDst := uint16(ieSourceIPv4Address), uint16(ieDestinationIPv4Address), uint16(iePostNATSourceIPv4Address), uint16(iePostNATDestinationIPv4Address)
 	if v6 {
@@ -138,14 +152,19 @@ func templateFields(v6, end bool) []field {
 		{id: ieProtocolIdentifier, length: 1},
 		{id: ieFlowStartMilliseconds, length: 8},
 		{id: ieFlowEndMilliseconds, length: 8},
-		{id: natSrc, length: addr},
-		{id: natDst, length: addr},
-		{id: iePostNAPTSourceTransportPort, length: 2},
-		{id: iePostNAPTDestTransportPort, length: 2},
-		{id: IEFlowEvent, length: 1, enterprise: true},
-		{id: IEServiceName, length: varLen, enterprise: true},
-		{id: IEForwardingMode, length: varLen, enterprise: true},
 	}
+	if counts {
+		f = append(f, field{id: iePacketDeltaCount, length: 8}, field{id: ieOctetDeltaCount, length: 8})
+	}
+	f = append(f,
+		field{id: natSrc, length: addr},
+		field{id: natDst, length: addr},
+		field{id: iePostNAPTSourceTransportPort, length: 2},
+		field{id: iePostNAPTDestTransportPort, length: 2},
+		field{id: IEFlowEvent, length: 1, enterprise: true},
+		field{id: IEServiceName, length: varLen, enterprise: true},
+		field{id: IEForwardingMode, length: varLen, enterprise: true},
+	)
 	if end {
 		f = append(f, field{id: ieFlowEndReason, length: 1})
 	}
@@ -165,13 +184,14 @@ func templateOf(r *Record) uint16 {
 	return templateV4End
 }
 
-// appendTemplateSet appends the template set of all four templates.
-func appendTemplateSet(b []byte, pen uint32) []byte {
+// appendTemplateSet appends the template set of all four templates, with
+// the count fields when counts is set.
+func appendTemplateSet(b []byte, pen uint32, counts bool) []byte {
 	start := len(b)
 	b = binary.BigEndian.AppendUint16(b, 2) // set ID 2: templates
 	b = binary.BigEndian.AppendUint16(b, 0) // length, below
 	for id := uint16(templateV4Created); id <= templateV6End; id++ {
-		fs := templateFields(id >= templateV6Created, id == templateV4End || id == templateV6End)
+		fs := templateFields(id >= templateV6Created, id == templateV4End || id == templateV6End, counts)
 		b = binary.BigEndian.AppendUint16(b, id)
 		b = binary.BigEndian.AppendUint16(b, uint16(len(fs)))
 		for _, f := range fs {
@@ -213,8 +233,9 @@ func appendString(b []byte, s string) []byte {
 
 func millis(t time.Time) uint64 { return uint64(t.UnixMilli()) }
 
-// appendRecord appends r's data record in its template's layout.
-func appendRecord(b []byte, r *Record) []byte {
+// appendRecord appends r's data record in its template's layout (with the
+// counts when counts is set).
+func appendRecord(b []byte, r *Record, counts bool) []byte {
 	v6 := templateOf(r) >= templateV6Created
 	b = appendAddr(b, r.Client.Addr(), v6)
 	b = appendAddr(b, r.VIP.Addr(), v6)
@@ -223,6 +244,10 @@ func appendRecord(b []byte, r *Record) []byte {
 	b = append(b, r.Proto)
 	b = binary.BigEndian.AppendUint64(b, millis(r.Start))
 	b = binary.BigEndian.AppendUint64(b, millis(r.End))
+	if counts {
+		b = binary.BigEndian.AppendUint64(b, r.Packets)
+		b = binary.BigEndian.AppendUint64(b, r.Bytes)
+	}
 	b = appendAddr(b, r.SNAT.Addr(), v6)
 	b = appendAddr(b, r.Backend.Addr(), v6)
 	b = binary.BigEndian.AppendUint16(b, r.SNAT.Port())
@@ -258,9 +283,9 @@ func (m *message) closeSet() {
 	}
 }
 
-func (m *message) templates(pen uint32) {
+func (m *message) templates(pen uint32, counts bool) {
 	m.closeSet()
-	m.b = appendTemplateSet(m.b, pen)
+	m.b = appendTemplateSet(m.b, pen, counts)
 }
 
 // fits reports whether a record of n bytes of template t fits the message.

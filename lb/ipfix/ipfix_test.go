@@ -84,14 +84,21 @@ func (r decoded) uint(pen, ie uint32) uint64 {
 
 // TestExport sends records of both families and events to a UDP socket
 // and decodes them: every field where its element says, templates first,
-// sequence numbers counting records, messages within 1400 bytes.
+// sequence numbers counting records, messages within 1400 bytes; the
+// packet and octet counts only when the exporter has them.
 func TestExport(t *testing.T) {
+	for _, counts := range []bool{false, true} {
+		t.Run(fmt.Sprintf("counts=%t", counts), func(t *testing.T) { testExport(t, counts) })
+	}
+}
+
+func testExport(t *testing.T, counts bool) {
 	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer pc.Close()
-	e, err := NewExporter(ExporterConfig{Collectors: []string{pc.LocalAddr().String()}, ObservationDomain: 7, Enterprise: DocumentationEnterprise})
+	e, err := NewExporter(ExporterConfig{Collectors: []string{pc.LocalAddr().String()}, ObservationDomain: 7, Enterprise: DocumentationEnterprise, Counts: counts})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,6 +111,8 @@ func TestExport(t *testing.T) {
 			VIP: netip.MustParseAddrPort("192.0.2.10:80"), Proto: 6,
 			Backend: netip.MustParseAddrPort("10.1.0.11:8080"), SNAT: netip.MustParseAddrPort("10.0.0.1:33000"),
 			Start: at, End: at.Add(time.Second), Service: "web", Mode: "snat",
+			// Past 32 bits: the fields are 8 bytes.
+			Packets: uint64(i) * 3, Bytes: uint64(i)*1500 + 1<<33,
 		}
 		if i%2 == 1 {
 			r.Event, r.Reason, r.Mode, r.SNAT = EventEnded, EndOfFlowDetected, "dsr/ipip", netip.AddrPort{}
@@ -171,6 +180,21 @@ func TestExport(t *testing.T) {
 			{"service", string(r[[2]uint32{pen, IEServiceName}]), w.Service},
 			{"mode", string(r[[2]uint32{pen, IEForwardingMode}]), w.Mode},
 			{"end reason", r.uint(0, 136), uint64(w.Reason)},
+		}
+		if counts {
+			checks = append(checks, []struct {
+				what      string
+				got, want any
+			}{
+				{"packetDeltaCount", r.uint(0, 2), w.Packets},
+				{"octetDeltaCount", r.uint(0, 1), w.Bytes},
+			}...)
+		} else {
+			for _, ie := range []uint32{1, 2} {
+				if _, ok := r[[2]uint32{0, ie}]; ok {
+					t.Errorf("record %d: element %d sent by an exporter without counts", i, ie)
+				}
+			}
 		}
 		for _, c := range checks {
 			if fmt.Sprint(c.got) != fmt.Sprint(c.want) {

@@ -21,6 +21,10 @@ type Flow struct {
 	LastSeen time.Time
 	// Closing: the client sent a FIN or RST (or the SNAT binding saw one).
 	Closing bool
+	// Packets and Bytes are the flow's client packets and IP octets since
+	// its counter was made (0 without one). The records carry what they
+	// grew by since the flow's previous record.
+	Packets, Bytes uint64
 }
 
 // TrackerConfig sets what a Tracker reports.
@@ -53,7 +57,13 @@ type tracked struct {
 	// packet makes it a new flow.
 	ended bool
 	gen   uint64
+	// counts are the latest totals a scan read, reported the totals
+	// the flow's previous record went up to.
+	counts, reported flowCounts
 }
+
+// flowCounts are a flow's packet and byte totals.
+type flowCounts struct{ packets, bytes uint64 }
 
 // Tracker follows the connection table from scan to scan and says, for
 // each flow, when it was created, when it lasted another active timeout,
@@ -86,11 +96,21 @@ func (t *Tracker) sampled(k flowKey) bool {
 	return h.Sum32()%t.cfg.Sampling == 0
 }
 
+// record makes the flow's next record: its counts are what the totals
+// grew by since the previous one.
 func (tr *tracked) record(k flowKey, ev Event, reason EndReason) Record {
+	d := flowCounts{tr.counts.packets - tr.reported.packets, tr.counts.bytes - tr.reported.bytes}
+	if tr.counts.packets < tr.reported.packets || tr.counts.bytes < tr.reported.bytes {
+		// The counter was made again (the datapath's table evicted it,
+		// or the flow's counter was deleted when it ended): counted
+		// from zero since.
+		d = tr.counts
+	}
+	tr.reported = tr.counts
 	return Record{
 		Event: ev, Reason: reason, Client: k.client, VIP: k.vip, Proto: k.proto,
 		Backend: tr.backend, SNAT: tr.snat, Start: tr.start, End: tr.lastSeen,
-		Service: tr.service, Mode: tr.mode,
+		Service: tr.service, Mode: tr.mode, Packets: d.packets, Bytes: d.bytes,
 	}
 }
 
@@ -149,9 +169,15 @@ func (t *Tracker) observe(now time.Time, f Flow, recs []Record, untracked int) (
 	if tr != nil && tr.ended && f.LastSeen.After(tr.lastSeen) {
 		tr = nil // the tuple is in use again: a new flow
 	}
+	// A re-balanced flow keeps its counter: the new flow's counts start
+	// where the old one's last record left them.
+	var carried flowCounts
 	if tr != nil && !tr.ended && tr.backend != f.Backend {
-		// Re-balanced: the old flow ends, a new one starts.
+		// Re-balanced: the old flow ends, a new one starts. The old
+		// one's record takes the packets up to this scan.
+		tr.counts = flowCounts{f.Packets, f.Bytes}
 		recs = append(recs, tr.record(k, EventEnded, EndForced))
+		carried = tr.reported
 		tr = nil
 	}
 	idle := now.Sub(f.LastSeen) >= t.cfg.IdleTimeout
@@ -163,10 +189,11 @@ func (t *Tracker) observe(now time.Time, f Flow, recs []Record, untracked int) (
 		if f.LastSeen.Before(start) {
 			start = f.LastSeen
 		}
-		tr = &tracked{start: start, lastExport: now, ended: idle}
+		tr = &tracked{start: start, lastExport: now, ended: idle, reported: carried}
 		t.flows[k] = tr
 		if !idle {
 			tr.backend, tr.snat, tr.service, tr.mode, tr.lastSeen = f.Backend, f.SNAT, f.Service, f.Mode, f.LastSeen
+			tr.counts = flowCounts{f.Packets, f.Bytes}
 			recs = append(recs, tr.record(k, EventCreated, 0))
 		}
 	}
@@ -176,6 +203,7 @@ func (t *Tracker) observe(now time.Time, f Flow, recs []Record, untracked int) (
 		return recs, untracked
 	}
 	tr.backend, tr.snat, tr.service, tr.mode, tr.lastSeen, tr.closing = f.Backend, f.SNAT, f.Service, f.Mode, f.LastSeen, f.Closing
+	tr.counts = flowCounts{f.Packets, f.Bytes}
 	switch {
 	case idle:
 		recs = append(recs, tr.record(k, EventEnded, tr.endReason(false)))

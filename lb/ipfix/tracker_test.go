@@ -107,3 +107,69 @@ func TestTrackerSamplingAndLimit(t *testing.T) {
 		t.Errorf("max_flows 100 of 1000: %d records, %d untracked, %d tracked", len(recs), untracked, limited.Tracked())
 	}
 }
+
+// TestTrackerCounts checks the counts records carry: each record what the
+// flow's totals grew by since its previous one (RFC 7012's delta counts),
+// so that a collector's sum is the flow's total; a re-balanced flow's
+// ended record takes the packets up to that scan and its new record starts
+// from there; a counter made again (evicted, or deleted at an end) counts
+// from zero; a gone flow's ended record carries what the last scan read;
+// only ends that are not re-balances are a flow's final record.
+func TestTrackerCounts(t *testing.T) {
+	t0 := time.Date(2026, 12, 7, 18, 0, 0, 0, time.UTC)
+	be1, be2 := netip.MustParseAddrPort("10.1.0.11:80"), netip.MustParseAddrPort("10.1.0.12:80")
+	flow := func(last time.Time, be netip.AddrPort, packets, bytes uint64) Flow {
+		return Flow{Client: netip.MustParseAddrPort("198.51.100.7:4000"), VIP: netip.MustParseAddrPort("192.0.2.10:80"),
+			Proto: 17, Backend: be, LastSeen: last, Packets: packets, Bytes: bytes}
+	}
+	type want struct {
+		ev             Event
+		reason         EndReason
+		packets, bytes uint64
+		final          bool
+	}
+	tr := NewTracker(TrackerConfig{ActiveTimeout: time.Minute, IdleTimeout: 30 * time.Second})
+	steps := []struct {
+		at    time.Duration
+		flows []Flow
+		want  []want
+	}{
+		{0, []Flow{flow(t0, be1, 3, 300)}, []want{{EventCreated, 0, 3, 300, false}}},
+		{10 * time.Second, []Flow{flow(t0.Add(10*time.Second), be1, 5, 500)}, nil},
+		{time.Minute, []Flow{flow(t0.Add(time.Minute), be1, 9, 900)}, []want{{EventActive, EndActiveTimeout, 6, 600, false}}},
+		// Re-balanced: the old flow's end takes all up to now.
+		{70 * time.Second, []Flow{flow(t0.Add(70*time.Second), be2, 12, 1200)},
+			[]want{{EventEnded, EndForced, 3, 300, false}, {EventCreated, 0, 0, 0, false}}},
+		// The counter was made again (evicted): 2 packets since.
+		{130 * time.Second, []Flow{flow(t0.Add(130*time.Second), be2, 2, 100)}, []want{{EventActive, EndActiveTimeout, 2, 100, false}}},
+		{140 * time.Second, []Flow{flow(t0.Add(140*time.Second), be2, 4, 300)}, nil},
+		// Gone: the last scan's reading, not yet reported.
+		{150 * time.Second, nil, []want{{EventEnded, EndLackOfResources, 2, 200, true}}},
+	}
+	for _, s := range steps {
+		recs, _, err := tr.Scan(t0.Add(s.at), table(s.flows...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []want
+		for _, r := range recs {
+			got = append(got, want{r.Event, r.Reason, r.Packets, r.Bytes, r.Final()})
+		}
+		if fmt.Sprint(got) != fmt.Sprint(s.want) {
+			t.Errorf("scan at +%s: records %+v, want %+v", s.at, got, s.want)
+		}
+	}
+
+	// An idle end is final; the tuple used again (its counter deleted at
+	// the end, made again) is a new flow counted from zero.
+	tr = NewTracker(TrackerConfig{ActiveTimeout: time.Minute, IdleTimeout: 30 * time.Second})
+	tr.Scan(t0, table(flow(t0, be1, 4, 400)))
+	recs, _, _ := tr.Scan(t0.Add(40*time.Second), table(flow(t0, be1, 4, 400)))
+	if len(recs) != 1 || !recs[0].Final() || recs[0].Packets != 0 {
+		t.Errorf("idle end: %+v, want one final record with no packets since the created one", recs)
+	}
+	recs, _, _ = tr.Scan(t0.Add(50*time.Second), table(flow(t0.Add(50*time.Second), be1, 1, 60)))
+	if len(recs) != 1 || recs[0].Event != EventCreated || recs[0].Packets != 1 || recs[0].Bytes != 60 {
+		t.Errorf("tuple used again: %+v, want a created record of 1 packet, 60 bytes", recs)
+	}
+}

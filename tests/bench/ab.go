@@ -28,7 +28,7 @@ import (
 // which no number of rounds averages away. only, when not nil, picks the
 // paths timed by name (to profile one, say); jitOut, when set, is where
 // the JIT line map of every datapath loaded goes (jitlines.go).
-func benchAB(t *testnet.Script, objs [][]byte, names []string, k hookKind, v6 bool, rounds, runs, copies int, only *regexp.Regexp, jitOut string) {
+func benchAB(t *testnet.Script, objs []build, names []string, k hookKind, v6 bool, rounds, runs, copies int, only *regexp.Regexp, jitOut string) {
 	fl := loadFloors(t)
 	prog := func(r *rig) *ebpf.Program {
 		if k == hookTC {

@@ -69,7 +69,7 @@ func backend(v6 bool, i int) netip.Addr {
 // newRig loads obj (nil: the embedded object) on a namespace of its own,
 // with the daemon's default capacities except SNAT tables of snatMax
 // bindings (0: the default).
-func newRig(t *testnet.Script, obj []byte, snatMax uint32) *rig {
+func newRig(t *testnet.Script, b build, snatMax uint32) *rig {
 	// Anonymous: a bench stopped with ^C or killed leaves no namespace.
 	ns := testnet.NewAnonNS(t, "bench")
 	peer := testnet.NewAnonNS(t, "benchpeer")
@@ -104,7 +104,8 @@ func newRig(t *testnet.Script, obj []byte, snatMax uint32) *rig {
 		SNATMax:       snatMax,
 		ConntrackMax:  rigConntrackMax,
 		Netns:         ns.Handle(),
-		Object:        obj,
+		Object:        b.obj,
+		FlowCounts:    b.flowCounts,
 		Log:           slog.New(slog.DiscardHandler),
 	})
 	if err != nil {
@@ -588,7 +589,7 @@ func report(title string, paths []path, res []timing) {
 // then the main paths at 1, 10,000 and 100,000 services, then a backend
 // change on real maps; obj is the LB object to time (nil: the embedded one).
 func benchDatapath(t *testnet.Script, obj []byte, rounds, runs int) {
-	r := newRig(t, obj, 0)
+	r := newRig(t, build{obj: obj}, 0)
 	fl := loadFloors(t)
 
 	tgs := targets()
@@ -725,7 +726,7 @@ func benchScale(t *testnet.Script, obj []byte, fl *floorSet, svcs []lb.Service, 
 	var snat1 []*rig
 	var took []time.Duration
 	program := func(services []lb.Service) *rig {
-		r := newRig(t, obj, scaleSNATMax)
+		r := newRig(t, build{obj: obj}, scaleSNATMax)
 		start := time.Now()
 		if err := r.rec.Reconcile(services); err != nil {
 			t.Fatalf("reconcile %d services: %v", len(services), err)

@@ -29,7 +29,7 @@ func main() {
 	rounds := flag.Int("rounds", 7, "rounds per path")
 	runs := flag.Int("runs", 3000, "packets per round")
 	a := flag.String("a", "", "A/B mode: the baseline LB object A (an lb_bpfel.o); empty takes the embedded one. Without -b: the full table for this object instead of the embedded one")
-	b := flag.String("b", "", "A/B mode: the LB objects to compare with A, comma-separated, path by path in one process")
+	b := flag.String("b", "", "A/B mode: the LB objects to compare with A, comma-separated, path by path in one process; an object named with the suffix +counts is loaded with the per-flow IPFIX counters on (datapath.Config.FlowCounts)")
 	v6 := flag.Bool("6", false, "A/B mode: IPv6 paths instead of IPv4")
 	tc := flag.Bool("tc", false, "A/B mode: the tc program's paths instead of XDP's")
 	labels := flag.String("names", "", "A/B mode: comma-separated names of the objects, for the report")
@@ -93,21 +93,35 @@ func main() {
 	}
 }
 
+// build is one LB object the A/B mode times, and how it is loaded.
+type build struct {
+	obj []byte // nil: the embedded object
+	// flowCounts loads it with the per-flow IPFIX counters on, as l4lbd
+	// does with [ipfix] configured.
+	flowCounts bool
+}
+
 // readObjects reads the A/B mode's LB objects: a, then each of the
-// comma-separated bs. An empty path is the embedded object (nil).
-func readObjects(a, bs string) ([][]byte, []string, error) {
-	var objs [][]byte
+// comma-separated bs. An empty path is the embedded object (nil); a
+// +counts suffix (alone: the embedded object) turns the flow counters on.
+func readObjects(a, bs string) ([]build, []string, error) {
+	var objs []build
 	var names []string
 	for _, p := range append([]string{a}, strings.Split(bs, ",")...) {
+		name := p
+		p, counts := strings.CutSuffix(p, "+counts")
 		if p == "" {
-			objs, names = append(objs, nil), append(names, "the embedded object")
+			if name == "" {
+				name = "the embedded object"
+			}
+			objs, names = append(objs, build{flowCounts: counts}), append(names, name)
 			continue
 		}
 		obj, err := os.ReadFile(p)
 		if err != nil {
 			return nil, nil, fmt.Errorf("A/B object: %w", err)
 		}
-		objs, names = append(objs, obj), append(names, p)
+		objs, names = append(objs, build{obj: obj, flowCounts: counts}), append(names, name)
 	}
 	return objs, names, nil
 }

@@ -21,19 +21,25 @@ import (
 func inspectConfig() string {
 	head := strings.Replace(boxHead(fmt.Sprintf("[%q]", metricsAddr), "snat", 1021),
 		"interfaces    = [\"eth0\"]\n", "interfaces    = [\"eth0\"]\nattach        = \"xdp\"\nxdp_mode      = \"generic\"\nmode          = \"snat\"\n", 1)
-	return head + fmt.Sprintf(`
+	return head + vipService("web", 80, "tcp")
+}
+
+// vipService is a [[service]] table: name, at 10.200.3.10:port over
+// proto, served by the topology's backends .21 and .22 on port 8080.
+func vipService(name string, port int, proto string) string {
+	return fmt.Sprintf(`
 [[service]]
-name     = "web"
+name     = %q
 vip      = "10.200.3.10"
-port     = 80
-protocol = "tcp"
+port     = %d
+protocol = %q
 [[service.backend]]
 address = "%s21"
 port    = 8080
 [[service.backend]]
 address = "%s22"
 port    = 8080
-`, topo.Prefix4, topo.Prefix4)
+`, name, port, proto, topo.Prefix4, topo.Prefix4)
 }
 
 // TestInspection drives the ipvsadm-like views against a live daemon: a
