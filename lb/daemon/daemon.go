@@ -9,10 +9,9 @@ package daemon
 
 import (
 	"context"
-	"encoding/binary"
+	"crypto/sha256"
 	"errors"
 	"fmt"
-	"hash/maphash"
 	"log/slog"
 	"os"
 	"reflect"
@@ -906,17 +905,9 @@ func digestOf(b []byte, err error) string {
 		// is a change too: the reload reports it.
 		b = []byte("unreadable: " + err.Error())
 	}
-	// Two seeded 64-bit hashes, not a cryptographic one: the digest only
-	// tells l4lbd's own reads apart, never leaves the process, and at
-	// 10,000 services SHA-256 took several milliseconds of every reload.
-	var sum [16]byte
-	binary.LittleEndian.PutUint64(sum[:8], maphash.Bytes(digestSeeds[0], b))
-	binary.LittleEndian.PutUint64(sum[8:], maphash.Bytes(digestSeeds[1], b))
+	sum := sha256.Sum256(b)
 	return string(sum[:])
 }
-
-// digestSeeds make digestOf's hashes; random per process.
-var digestSeeds = [2]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed()}
 
 // Cleaned is what Cleanup removed, and what it left on purpose.
 type Cleaned struct {
