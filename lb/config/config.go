@@ -25,6 +25,7 @@ import (
 	"net/netip"
 	"os"
 	"reflect"
+	"slices"
 	"syscall"
 	"time"
 
@@ -540,8 +541,12 @@ func ReadFile(path string) ([]byte, error) {
 	if fi.Size() > MaxFileSize {
 		return nil, fmt.Errorf("config file %s is %d bytes, more than the %d MiB a config file may have", path, fi.Size(), MaxFileSize>>20)
 	}
-	// The file may grow between Stat and the read.
-	data, err := io.ReadAll(io.LimitReader(f, MaxFileSize+1))
+	// One buffer of the size Stat gave, with room to see the end of the
+	// file: io.ReadAll would start small and double, copying a large
+	// file about twenty times over and leaving the copies to the
+	// collector. The file may grow between Stat and the read: readAll
+	// grows the buffer then, up to the limit.
+	data, err := readAll(f, int(fi.Size())+512, MaxFileSize+1)
 	if err != nil {
 		return nil, fmt.Errorf("cannot read config file %s: %w", path, err)
 	}
@@ -549,4 +554,24 @@ func ReadFile(path string) ([]byte, error) {
 		return nil, fmt.Errorf("config file %s is more than the %d MiB a config file may have", path, MaxFileSize>>20)
 	}
 	return data, nil
+}
+
+// readAll reads r to its end into a buffer of capacity size to start with,
+// reading at most limit bytes.
+func readAll(r io.Reader, size, limit int) ([]byte, error) {
+	buf := make([]byte, 0, min(size, limit))
+	for len(buf) < limit {
+		if len(buf) == cap(buf) {
+			buf = slices.Grow(buf, min(max(cap(buf), 512), limit-len(buf)))
+		}
+		n, err := r.Read(buf[len(buf):min(cap(buf), limit)])
+		buf = buf[:len(buf)+n]
+		switch {
+		case err == io.EOF:
+			return buf, nil
+		case err != nil:
+			return buf, err
+		}
+	}
+	return buf, nil
 }

@@ -4,6 +4,7 @@ package config
 
 import (
 	"errors"
+	"io"
 	"io/fs"
 	"log/slog"
 	"net/netip"
@@ -11,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"testing/iotest"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
@@ -619,6 +621,41 @@ func TestLoad(t *testing.T) {
 	_, err = Load(filepath.Join(dir, "missing.toml"), Options{})
 	if err == nil || !errors.Is(err, os.ErrNotExist) || !strings.Contains(err.Error(), "--config") {
 		t.Errorf("Load(missing) = %v, want a not-exist error mentioning --config", err)
+	}
+}
+
+// TestReadAll: the whole content whether the size hint is short, exact or
+// long (a file that grew or shrank after Stat), read in one piece or a byte
+// at a time, and no more than the limit.
+func TestReadAll(t *testing.T) {
+	content := strings.Repeat("0123456789", 100)
+	cases := []struct {
+		name        string
+		size, limit int
+		want        int // bytes read
+	}{
+		{"hint exact", 1000, 2000, 1000},
+		{"hint short", 10, 2000, 1000},
+		{"hint zero", 0, 2000, 1000},
+		{"hint long", 5000, 2000, 1000},
+		{"limit inside", 10, 700, 700},
+		{"limit at the end", 1000, 1000, 1000},
+		{"limit one past", 1000, 1001, 1000},
+	}
+	for _, c := range cases {
+		for _, oneByte := range []bool{false, true} {
+			var r io.Reader = strings.NewReader(content)
+			if oneByte {
+				r = iotest.OneByteReader(r)
+			}
+			got, err := readAll(r, c.size, c.limit)
+			if err != nil || string(got) != content[:c.want] {
+				t.Errorf("%s (one byte at a time %t): read %d bytes, error %v; want the first %d", c.name, oneByte, len(got), err, c.want)
+			}
+		}
+	}
+	if _, err := readAll(iotest.ErrReader(io.ErrUnexpectedEOF), 10, 100); err != io.ErrUnexpectedEOF {
+		t.Errorf("a failing read gave error %v, want it passed on", err)
 	}
 }
 

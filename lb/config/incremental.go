@@ -15,7 +15,11 @@ import (
 // Parser keeps what each valid block validated to, keyed by the block's
 // text, and decodes only the blocks whose text it has not seen, so a reload
 // that changes one backend of 10,000 services costs a scan of the file and
-// one block's parse, not a parse of the whole file.
+// one block's parse, not a parse of the whole file. A file with as many
+// blocks as the last valid one is compared with it position by position:
+// the rules across services are checked for the changed blocks alone, and
+// Stats names the services that changed, so that the merger looks at those
+// alone too.
 //
 // Its results are Parse's, to the byte: whatever it cannot prove it handles
 // the same way goes through Parse whole. That is a file it cannot cut into
@@ -28,6 +32,19 @@ type Parser struct {
 	// for another file name is decoded again.
 	blocks map[string]*parsedBlock
 	last   ParseStats
+	// prev is the last valid result, what ParseStats.Changed is
+	// relative to. It keeps that Config alive until the next Parse: the
+	// daemon holds it anyway while it serves it.
+	prev *Config
+	// The last valid result parsed block by block, by position in the
+	// file (nil after a whole parse): its blocks, and where each name,
+	// frontend and VIP is. A reload that changes services in place
+	// compares blocks by position, without hashing the file's text, and
+	// checks the rules across services for the changed ones alone.
+	order  []*parsedBlock
+	names  map[string]int
+	fronts map[lb.Frontend]int
+	vips   VIPIndex
 }
 
 // ParseStats says how the last Parse of a Parser went.
@@ -39,6 +56,15 @@ type ParseStats struct {
 	// why (a file that is invalid, or that cannot be cut into blocks).
 	Whole bool
 	Why   string
+	// Since, when not nil, is the Parser's previous valid result, and
+	// Changed names the services of this result whose definition may
+	// differ from the service at the same position of Since; all the
+	// others are equal to Since's, in the same positions. What a source
+	// needs for discovery.Snapshot.Changed. Since is nil (compare every
+	// service) after a whole parse, when the number of services changed,
+	// or without a previous result.
+	Since   *Config
+	Changed []string
 }
 
 // parsedBlock is a block that validated without an error or a warning,
@@ -75,9 +101,14 @@ func (p *Parser) Parse(name string, data []byte, opts Options) (*Config, error) 
 		// block by block: an invalid edit that is then undone costs
 		// nothing more than this whole parse.
 		p.last = ParseStats{Blocks: st.Blocks, Decoded: st.Blocks, Whole: true, Why: st.Why}
-		return Parse(name, data, opts)
+		cfg, err := Parse(name, data, opts)
+		if err == nil {
+			// No blocks by position to compare the next file's with.
+			p.prev, p.order, p.names, p.fronts, p.vips = cfg, nil, nil, nil, VIPIndex{}
+		}
+		return cfg, err
 	}
-	p.last = st
+	p.last, p.prev = st, cfg
 	return cfg, nil
 }
 
@@ -106,37 +137,59 @@ func (p *Parser) parseBlocks(name string, data []byte, opts Options) (cfg *Confi
 		return nil, st, false
 	}
 	defs := cfg.Defaults()
-	next := make(map[string]*parsedBlock, len(blocks))
-	names := make(map[string]struct{}, len(blocks))
-	fronts := make(map[lb.Frontend]struct{}, len(blocks))
-	services := make([]lb.Service, 0, len(blocks))
-	for _, b := range blocks {
-		pb := p.blocks[string(b)] // no copy of b for the look-up
+	order := make([]*parsedBlock, len(blocks))
+	services := make([]lb.Service, len(blocks))
+	// changed are the positions whose block is not the previous
+	// result's, when the file has as many blocks as that result.
+	var changed []int
+	inPlace := p.order != nil && len(p.order) == len(blocks)
+	for i, b := range blocks {
+		var pb *parsedBlock
+		if inPlace && p.order[i].text == string(b) { // compared, not copied
+			pb = p.order[i]
+		} else {
+			pb = p.blocks[string(b)] // no copy of b for the look-up
+			if inPlace {
+				changed = append(changed, i)
+			}
+		}
 		if pb == nil || pb.defaults != defs || pb.name != name {
 			if pb = parseBlock(name, b, defs); pb == nil {
 				st.Why = "a service has an error or a warning"
 				return nil, st, false
 			}
 			st.Decoded++
+			if inPlace && (len(changed) == 0 || changed[len(changed)-1] != i) {
+				changed = append(changed, i)
+			}
 		}
-		next[pb.text] = pb
-		// The rules across services: Parse reports a clash at its
-		// second service, with the line of the first.
-		if _, dup := names[pb.svc.Name]; dup || !pb.facts.nameOK {
-			st.Why = "two services share a name"
+		if !pb.facts.nameOK || !pb.facts.frontendOK {
+			st.Why = "a service's name or frontend is not one the rules across services can compare"
 			return nil, st, false
 		}
-		names[pb.svc.Name] = struct{}{}
-		if _, dup := fronts[pb.svc.Frontend]; dup || !pb.facts.frontendOK {
-			st.Why = "two services share a frontend"
-			return nil, st, false
+		order[i] = pb
+	}
+	// Every service's backends are copied into one array: configs share
+	// no memory, and one allocation instead of one per service leaves the
+	// collector fewer objects.
+	total := 0
+	for _, pb := range order {
+		total += len(pb.svc.Backends)
+	}
+	arena := make([]lb.Backend, 0, total)
+	for i, pb := range order {
+		services[i] = pb.svc
+		if pb.svc.Backends != nil {
+			at := len(arena)
+			arena = append(arena, pb.svc.Backends...)
+			services[i].Backends = arena[at:len(arena):len(arena)]
 		}
-		fronts[pb.svc.Frontend] = struct{}{}
-		services = append(services, cloneService(pb.svc))
+		services[i].SourceRanges = slices.Clone(pb.svc.SourceRanges)
 	}
-	if len(services) > 0 { // as Parse: no services is nil
-		cfg.Services = services
+	if len(services) == 0 { // as Parse: no services is nil
+		services = nil
 	}
+	cfg.Services = services
 	c.capacity(cfg)
 	if opts.Host != nil {
 		for _, svc := range services {
@@ -152,8 +205,16 @@ func (p *Parser) parseBlocks(name string, data []byte, opts Options) (cfg *Confi
 			}
 		}
 	}
-	if len(AcrossServices(services, IndexVIPs(services), func(int) string { return "" })) > 0 {
-		st.Why = "a backend is another service's VIP"
+	// across is nil when the indexes of the previous result, updated
+	// for the changed positions, hold for this one.
+	var across *acrossIndex
+	if inPlace {
+		across, why = p.acrossChanged(order, changed)
+	} else {
+		across, why = acrossAll(order)
+	}
+	if why != "" {
+		st.Why = why
 		return nil, st, false
 	}
 	// raw (the head) has no services, so hostAddresses checks none: the
@@ -165,8 +226,140 @@ func (p *Parser) parseBlocks(name string, data []byte, opts Options) (cfg *Confi
 	}
 	c.warns.sortByLine()
 	cfg.Warnings = c.warns
-	p.blocks = next
+	if inPlace {
+		st.Since, st.Changed = p.prev, make([]string, 0, len(changed))
+		for _, i := range changed {
+			if order[i] != p.order[i] {
+				st.Changed = append(st.Changed, order[i].svc.Name)
+			}
+		}
+		// Valid blocks are unique (each has a name of its own): the
+		// changed positions' old blocks go, their new ones come.
+		for _, i := range changed {
+			delete(p.blocks, p.order[i].text)
+		}
+		for _, i := range changed {
+			p.blocks[order[i].text] = order[i]
+		}
+	} else {
+		p.blocks = make(map[string]*parsedBlock, len(order))
+		for _, pb := range order {
+			p.blocks[pb.text] = pb
+		}
+	}
+	if across == nil {
+		p.reindex(order, changed)
+	} else {
+		p.names, p.fronts, p.vips = across.names, across.fronts, across.vips
+	}
+	p.order = order
 	return cfg, st, true
+}
+
+// acrossIndex is where each name, frontend and VIP of a valid result's
+// services is, by position.
+type acrossIndex struct {
+	names  map[string]int
+	fronts map[lb.Frontend]int
+	vips   VIPIndex
+}
+
+// acrossAll checks the rules across services that Parse checks (a name or
+// a frontend used twice, a backend at another service's VIP) on every
+// block, and indexes them. why is not empty when a rule is broken: Parse
+// then reports it with its lines.
+func acrossAll(order []*parsedBlock) (x *acrossIndex, why string) {
+	x = &acrossIndex{}
+	x.names = make(map[string]int, len(order))
+	x.fronts = make(map[lb.Frontend]int, len(order))
+	svcs := make([]lb.Service, len(order))
+	for i, pb := range order {
+		// Parse reports a clash at its second service, with the line
+		// of the first.
+		if _, dup := x.names[pb.svc.Name]; dup {
+			return x, "two services share a name"
+		}
+		x.names[pb.svc.Name] = i
+		if _, dup := x.fronts[pb.svc.Frontend]; dup {
+			return x, "two services share a frontend"
+		}
+		x.fronts[pb.svc.Frontend] = i
+		svcs[i] = pb.svc
+	}
+	x.vips = IndexVIPs(svcs)
+	if len(AcrossServices(svcs, x.vips, func(int) string { return "" })) > 0 {
+		return x, "a backend is another service's VIP"
+	}
+	return x, ""
+}
+
+// acrossChanged is acrossAll for a file with the previous result's number
+// of blocks, where only the blocks at the changed positions (ascending)
+// differ: the others passed the rules among themselves before, so only a
+// pair with a changed block can break one now. x is nil when the Parser's
+// indexes, once reindex has moved the changed positions, hold for order;
+// it changes nothing itself, so that a file rejected later in the parse
+// leaves them as the previous result's.
+func (p *Parser) acrossChanged(order []*parsedBlock, changed []int) (x *acrossIndex, why string) {
+	// A VIP that moved to, from or between the changed services can meet
+	// a backend of any service; and with many changes (new service
+	// defaults) checking all is cheaper than checking each change:
+	// acrossAll does both.
+	if len(changed) > len(order)/8 {
+		return acrossAll(order)
+	}
+	for _, i := range changed {
+		if order[i].svc.Frontend.Addr != p.order[i].svc.Frontend.Addr {
+			return acrossAll(order)
+		}
+	}
+	isChanged := func(i int) bool { _, found := slices.BinarySearch(changed, i); return found }
+	for k, i := range changed {
+		svc := order[i].svc
+		// Taken by an unchanged service, or by another changed one.
+		if j, ok := p.names[svc.Name]; ok && j != i && !isChanged(j) {
+			return nil, "two services share a name"
+		}
+		if j, ok := p.fronts[svc.Frontend]; ok && j != i && !isChanged(j) {
+			return nil, "two services share a frontend"
+		}
+		for _, other := range changed[:k] {
+			if order[other].svc.Name == svc.Name {
+				return nil, "two services share a name"
+			}
+			if order[other].svc.Frontend == svc.Frontend {
+				return nil, "two services share a frontend"
+			}
+		}
+		// Every service's VIP is where it was, so the VIP index holds:
+		// only the changed services' backends are new.
+		for _, b := range svc.Backends {
+			if a := b.Addr.Addr(); a != svc.Frontend.Addr && p.vips.Has(a) {
+				return nil, "a backend is another service's VIP"
+			}
+		}
+	}
+	return nil, ""
+}
+
+// reindex moves the names and frontends of the changed positions from the
+// previous result's blocks to order's.
+func (p *Parser) reindex(order []*parsedBlock, changed []int) {
+	// The old ones go before the new ones come, so that two services
+	// that swapped keep both.
+	for _, i := range changed {
+		old := p.order[i].svc
+		if p.names[old.Name] == i {
+			delete(p.names, old.Name)
+		}
+		if p.fronts[old.Frontend] == i {
+			delete(p.fronts, old.Frontend)
+		}
+	}
+	for _, i := range changed {
+		p.names[order[i].svc.Name] = i
+		p.fronts[order[i].svc.Frontend] = i
+	}
 }
 
 // parseBlock validates one [[service]] block on its own; nil when it has
@@ -185,14 +378,6 @@ func parseBlock(name string, text []byte, defs lb.Defaults) *parsedBlock {
 	}
 	svc.Source = "file:" + name
 	return &parsedBlock{text: string(text), defaults: defs, name: name, svc: svc, facts: facts}
-}
-
-// cloneService copies the slices of a cached service, keeping nil as nil,
-// so that no two Configs share memory.
-func cloneService(s lb.Service) lb.Service {
-	s.Backends = slices.Clone(s.Backends)
-	s.SourceRanges = slices.Clone(s.SourceRanges)
-	return s
 }
 
 // splitServices cuts a file into its head, everything before the first

@@ -4,9 +4,11 @@ package config
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -176,4 +178,92 @@ func FuzzParser(f *testing.F) {
 		sameAsParse(t, p, "fuzz.toml", data, Options{Dev: true})
 		sameAsParse(t, p, "fuzz.toml", append([]byte(head), data...), Options{Dev: true})
 	})
+}
+
+// TestParserNamesChanges walks one Parser through edits, each of the last
+// valid file, and checks what it says changed since its previous valid
+// result: the services it names, and that every service it does not name
+// is the previous result's, at the same position. Edits that break a rule
+// across services, with a changed service on one side and an unchanged one
+// on the other, must give Parse's errors.
+func TestParserNamesChanges(t *testing.T) {
+	const n = 40
+	svc := func(i int) string { return fmt.Sprintf("name = \"svc-%d\"\nvip = \"10.0.%d.1\"\nport = 80\n", i, i) }
+	replace := func(old, new string) func(string) string {
+		return func(s string) string {
+			if !strings.Contains(s, old) {
+				t.Fatalf("edit: %q is not in the file", old)
+			}
+			return strings.Replace(s, old, new, 1)
+		}
+	}
+	cases := []struct {
+		name    string
+		edit    func(string) string
+		invalid bool
+		since   bool     // Since is the previous valid result
+		changed []string // when since
+	}{
+		{"first parse", func(s string) string { return s }, false, false, nil},
+		{"unchanged", func(s string) string { return s }, false, true, []string{}},
+		{"one backend's weight", replace(svc(10)+"protocol = \"tcp\"\n[service.health]\ntype = \"tcp\"\n[[service.backend]]\naddress = \"172.16.0.1\"\nweight = 1",
+			svc(10)+"protocol = \"tcp\"\n[service.health]\ntype = \"tcp\"\n[[service.backend]]\naddress = \"172.16.0.1\"\nweight = 7"), false, true, []string{"svc-10"}},
+		{"two services' ports", func(s string) string {
+			s = replace(svc(3), strings.Replace(svc(3), "port = 80", "port = 81", 1))(s)
+			return replace(svc(30), strings.Replace(svc(30), "port = 80", "port = 81", 1))(s)
+		}, false, true, []string{"svc-3", "svc-30"}},
+		{"a name an unchanged service has", replace(`name = "svc-5"`, `name = "svc-6"`), true, false, nil},
+		{"the previous file again", func(s string) string { return s }, false, true, []string{}},
+		{"a second service at a VIP", replace(svc(4), `name = "svc-4"`+"\nvip = \"10.0.3.1\"\nport = 82\n"), false, true, []string{"svc-4"}},
+		{"a frontend an unchanged service has", replace(`vip = "10.0.3.1"`+"\nport = 82", `vip = "10.0.3.1"`+"\nport = 81"), true, false, nil},
+		{"a backend at an unchanged service's VIP", replace("svc-12\"\nvip = \"10.0.12.1\"\nport = 80\nprotocol = \"tcp\"\n[service.health]\ntype = \"tcp\"\n[[service.backend]]\naddress = \"172.16.0.1\"",
+			"svc-12\"\nvip = \"10.0.12.1\"\nport = 80\nprotocol = \"tcp\"\n[service.health]\ntype = \"tcp\"\n[[service.backend]]\naddress = \"10.0.13.1\""), true, false, nil},
+		{"a VIP at unchanged services' backend", replace(`vip = "10.0.12.1"`, `vip = "172.16.0.2"`), true, false, nil},
+		{"a name moved to another changed service", func(s string) string {
+			s = replace(`name = "svc-14"`, `name = "svc-x"`)(s)
+			return replace(`name = "svc-15"`, `name = "svc-14"`)(s)
+		}, false, true, []string{"svc-x", "svc-14"}},
+		{"two services swap places", func(s string) string {
+			a, b := strings.Index(s, "[[service]]\n"+svc(20)), strings.Index(s, "[[service]]\n"+svc(21))
+			c := b + strings.Index(s[b:], "\n[[service]]") + 1
+			return s[:a] + s[b:c] + s[a:b] + s[c:]
+		}, false, true, []string{"svc-21", "svc-20"}},
+		{"a service removed", func(s string) string { return s[:strings.LastIndex(s, "\n[[service]]")+1] }, false, false, nil},
+		{"the service defaults", replace("[maglev]\n", "[maglev]\ntable_size = 1021\n"), false, true, nil},
+	}
+	cur := string(bigConfig(n, 2))
+	p := NewParser()
+	var prev *Config
+	for _, c := range cases {
+		data := c.edit(cur)
+		got := sameAsParse(t, p, "f.toml", []byte(data), Options{})
+		st := p.Stats()
+		if (got == nil) != c.invalid {
+			t.Fatalf("%s: valid %t, want %t", c.name, got != nil, !c.invalid)
+		}
+		if c.invalid {
+			continue
+		}
+		if c.since != (st.Since != nil && st.Since == prev) {
+			t.Fatalf("%s: Since is the previous result %t, want %t (stats %+v)", c.name, st.Since == prev, c.since, st)
+		}
+		if c.since {
+			want := c.changed
+			if want == nil { // every service
+				want = []string{}
+				for _, s := range got.Services {
+					want = append(want, s.Name)
+				}
+			}
+			if !slices.Equal(st.Changed, want) || st.Changed == nil {
+				t.Errorf("%s: changed %q, want %q", c.name, st.Changed, want)
+			}
+			for i, s := range got.Services {
+				if !slices.Contains(st.Changed, s.Name) && !reflect.DeepEqual(s, prev.Services[i]) {
+					t.Errorf("%s: service %d (%s) is not named changed but differs from the previous result's %s", c.name, i, s.Name, prev.Services[i].Name)
+				}
+			}
+		}
+		cur, prev = data, got
+	}
 }

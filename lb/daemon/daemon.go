@@ -548,10 +548,13 @@ func (d *Daemon) doReload() error {
 		// The box may have changed since the last load (addresses).
 		opts.Host = HostFacts()
 	}
-	var cfg *config.Config
+	var (
+		cfg *config.Config
+		st  config.ParseStats
+	)
 	if err == nil {
 		cfg, err = d.parser.Parse(d.opts.ConfigPath, data, opts)
-		st := d.parser.Stats()
+		st = d.parser.Stats()
 		d.log.Debug("configuration file parsed", "services", st.Blocks, "decoded", st.Decoded, "whole", st.Whole, "why", st.Why)
 	}
 	if err != nil {
@@ -589,6 +592,15 @@ func (d *Daemon) doReload() error {
 	for _, w := range d.reloadAnnouncers(cfg) {
 		d.log.Warn("setting changed; it takes effect after a restart of l4lbd", "setting", w)
 	}
+	// The merger holds the services of the configuration in force: when
+	// the parse compared this file with that one, it says which services
+	// to look at and the merger leaves the others alone. A reload
+	// rejected after its parse makes the parser's previous result one the
+	// merger never saw, and then Since is not d.cfg.
+	snap := discovery.Snapshot{Source: d.file.Name(), Services: cfg.Services}
+	if st.Since != nil && st.Since == d.cfg {
+		snap.Changed = st.Changed
+	}
 	d.cfg = cfg
 	d.plan.SetDefaults(cfg.Defaults())
 	if was := d.watching.Swap(cfg.Daemon.WatchConfig); was != cfg.Daemon.WatchConfig {
@@ -597,7 +609,7 @@ func (d *Daemon) doReload() error {
 	d.mu.Lock()
 	d.pending = pending
 	d.mu.Unlock()
-	d.merger.Update(discovery.Snapshot{Source: d.file.Name(), Services: cfg.Services})
+	d.merger.Update(snap)
 	d.log.Info("configuration reloaded", "file", d.opts.ConfigPath, "services", len(cfg.Services))
 	return nil
 }

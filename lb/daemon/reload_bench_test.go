@@ -25,35 +25,7 @@ import (
 func BenchmarkReload(b *testing.B) {
 	for _, n := range []int{1000, 10000} {
 		b.Run(fmt.Sprint(n), func(b *testing.B) {
-			dir := b.TempDir()
-			var doc strings.Builder
-			fmt.Fprintf(&doc, "[daemon]\nadmin_socket = %q\n[datapath]\ninterfaces = [\"lo\"]\nmode = \"snat\"\nmax_services = %d\nmax_backends = %d\n[maglev]\ntable_size = 1021\n", filepath.Join(dir, "l4lb.sock"), n, 10*n)
-			for i := range n {
-				fmt.Fprintf(&doc, "\n[[service]]\nname = \"s%06d\"\nvip = \"10.%d.%d.%d\"\nport = 80\nprotocol = \"tcp\"\n", i, i>>16, (i>>8)&255, i&255)
-				for j := range 10 {
-					fmt.Fprintf(&doc, "[[service.backend]]\naddress = \"11.%d.%d.%d\"\nport = %d\nweight = 1\n", i>>16, (i>>8)&255, i&255, 8000+j)
-				}
-			}
-			path := filepath.Join(dir, "l4lb.toml")
-			data := doc.String()
-			if err := os.WriteFile(path, []byte(data), 0o600); err != nil {
-				b.Fatal(err)
-			}
-			p := config.NewParser()
-			cfg, err := p.Load(path, config.Options{Dev: true})
-			if err != nil {
-				b.Fatal(err)
-			}
-			d, err := New(Options{ConfigPath: path, Initial: cfg, Parser: p, Config: config.Options{Dev: true}, Log: slog.New(slog.DiscardHandler)})
-			if err != nil {
-				b.Fatal(err)
-			}
-			d.rec = reconciler.New(reconciler.Config{Seed: cfg.Maglev.Seed, MaxServices: uint32(n), MaxBackends: uint32(10 * n)}, reconcilertest.NewFake(), slog.New(slog.DiscardHandler))
-			d.plan.SetDatapath(d.rec, nil)
-			d.merger.Update(discovery.Snapshot{Source: d.file.Name(), Services: cfg.Services})
-			if err := d.apply(); err != nil {
-				b.Fatal(err)
-			}
+			d, path, data := reloadRig(b, n, "")
 			// The weight of one backend of the middle service flips
 			// between 1 and 2.
 			at := strings.Index(data, fmt.Sprintf("name = \"s%06d\"", n/2))
@@ -78,4 +50,42 @@ func BenchmarkReload(b *testing.B) {
 			}
 		})
 	}
+}
+
+// reloadRig writes a file of n services of 10 backends (extra goes into
+// [daemon]) and returns a daemon that programmed it into the fake datapath,
+// the file's path and its content. Services are named s000000 on, at VIP
+// 10.x.y.z, with backends 11.x.y.z:8000-8009 of weight 1; there is room
+// for as many backends again (replaced ones drain).
+func reloadRig(tb testing.TB, n int, extra string) (d *Daemon, path, data string) {
+	dir := tb.TempDir()
+	var doc strings.Builder
+	fmt.Fprintf(&doc, "[daemon]\nadmin_socket = %q\n%s[datapath]\ninterfaces = [\"lo\"]\nmode = \"snat\"\nmax_services = %d\nmax_backends = %d\n[maglev]\ntable_size = 1021\n", filepath.Join(dir, "l4lb.sock"), extra, n, 20*n)
+	for i := range n {
+		fmt.Fprintf(&doc, "\n[[service]]\nname = \"s%06d\"\nvip = \"10.%d.%d.%d\"\nport = 80\nprotocol = \"tcp\"\n", i, i>>16, (i>>8)&255, i&255)
+		for j := range 10 {
+			fmt.Fprintf(&doc, "[[service.backend]]\naddress = \"11.%d.%d.%d\"\nport = %d\nweight = 1\n", i>>16, (i>>8)&255, i&255, 8000+j)
+		}
+	}
+	path = filepath.Join(dir, "l4lb.toml")
+	data = doc.String()
+	if err := os.WriteFile(path, []byte(data), 0o600); err != nil {
+		tb.Fatal(err)
+	}
+	p := config.NewParser()
+	cfg, err := p.Load(path, config.Options{Dev: true})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	d, err = New(Options{ConfigPath: path, Initial: cfg, Parser: p, Config: config.Options{Dev: true}, Log: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	d.rec = reconciler.New(reconciler.Config{Seed: cfg.Maglev.Seed, MaxServices: uint32(n), MaxBackends: uint32(20 * n)}, reconcilertest.NewFake(), slog.New(slog.DiscardHandler))
+	d.plan.SetDatapath(d.rec, nil)
+	d.merger.Update(discovery.Snapshot{Source: d.file.Name(), Services: cfg.Services})
+	if err := d.apply(); err != nil {
+		tb.Fatal(err)
+	}
+	return d, path, data
 }

@@ -3,10 +3,12 @@
 package daemon
 
 import (
+	"os"
 	"reflect"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 // appliedOnReload are the settings of [daemon], [datapath] and [maglev] a
@@ -95,4 +97,50 @@ func mutate(t *testing.T, v reflect.Value) any {
 		t.Fatalf("cannot change a %s", v.Type())
 	}
 	return v.Interface()
+}
+
+// TestReloadAfterARejectedOne: the parser names the services that changed
+// since its previous result, and the merger looks at those alone; after a
+// reload that the max_flow_move guard refused, that previous result is not
+// what the merger holds. Each step's services must be the file's, whatever
+// the parser compared them with.
+func TestReloadAfterARejectedOne(t *testing.T) {
+	d, path, data := reloadRig(t, 20, "max_flow_move = 0.2\n")
+	// Every backend of s000005 on another port: all its flows move.
+	at := strings.Index(data, `name = "s000005"`)
+	end := at + strings.Index(data[at:], "[[service]]")
+	moved := data[:at] + strings.ReplaceAll(data[at:end], "port = 800", "port = 900") + data[end:]
+	unguarded := strings.Replace(moved, "max_flow_move = 0.2\n", "", 1)
+	// One weight of s000007 too, after the guard is gone.
+	at = strings.Index(unguarded, `name = "s000007"`)
+	at += strings.Index(unguarded[at:], "weight = 1")
+	weighted := unguarded[:at] + "weight = 3" + unguarded[at+len("weight = 1"):]
+	port := func(svc string) uint16 { s, _ := d.merger.Service(svc); return s.Backends[0].Addr.Port() }
+	weight := func(svc string) uint32 { s, _ := d.merger.Service(svc); return s.Backends[0].Weight }
+	steps := []struct {
+		name, file string
+		rejected   bool
+		port       uint16 // of s000005's first backend
+		weight     uint32 // of s000007's first backend
+	}{
+		{"all of one service's flows move", moved, true, 8000, 1},
+		{"the guard removed", unguarded, false, 9000, 1},
+		{"one weight", weighted, false, 9000, 3},
+		{"the first services again", strings.Replace(data, "max_flow_move = 0.2\n", "", 1), false, 8000, 1},
+	}
+	for _, s := range steps {
+		if err := os.WriteFile(path, []byte(s.file), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		err := d.doReload()
+		if (err != nil) != s.rejected {
+			t.Fatalf("%s: reload error %v, want rejected %t", s.name, err, s.rejected)
+		}
+		if err := d.run(d.plan.Pass(time.Now())); err != nil {
+			t.Fatalf("%s: pass: %v", s.name, err)
+		}
+		if got, w := port("s000005"), weight("s000007"); got != s.port || w != s.weight {
+			t.Errorf("%s: s000005's first backend at port %d, s000007's of weight %d; want %d and %d", s.name, got, w, s.port, s.weight)
+		}
+	}
 }
