@@ -78,7 +78,7 @@ func (d *Daemon) ipfixScan(r *ipfixRun, now time.Time) {
 	}
 	start := time.Now()
 	recs, untracked, err := r.tracker.Scan(now, func(yield func(ipfix.Flow) bool) error {
-		return d.dp.Flows(datapath.FlowFilter{}, func(fl datapath.Flow) bool {
+		return d.dp.Flows(datapath.FlowFilter{Counts: true}, func(fl datapath.Flow) bool {
 			f := ipfix.Flow{
 				Client:   fl.Client,
 				VIP:      netip.AddrPortFrom(fl.Frontend.Addr, fl.Frontend.Port),

@@ -17,7 +17,7 @@ import (
 // whether the connection table holds it.
 func (e *env) packetsOf(t testing.TB, f maglev.Flow) (packets, bytes uint64, ok bool) {
 	t.Helper()
-	err := e.lb.Flows(datapath.FlowFilter{}, func(fl datapath.Flow) bool {
+	err := e.lb.Flows(datapath.FlowFilter{Counts: true}, func(fl datapath.Flow) bool {
 		if fl.Client == netip.AddrPortFrom(f.Src, f.SrcPort) && fl.Frontend.Addr == f.Dst &&
 			fl.Frontend.Port == f.DstPort && uint8(fl.Frontend.Proto) == f.Proto {
 			packets, bytes, ok = fl.Packets, fl.Bytes, true

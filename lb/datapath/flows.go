@@ -82,8 +82,8 @@ type Flow struct {
 	SNAT netip.AddrPort
 	// Packets and Bytes are the client packets forwarded and their IP
 	// octets since the flow's counter was made (flowcounts.go): 0 when
-	// the datapath does not count (Config.FlowCounts) or the flow has
-	// no counter.
+	// the filter did not ask for them (FlowFilter.Counts), the datapath
+	// does not count (Config.FlowCounts) or the flow has no counter.
 	Packets, Bytes uint64
 }
 
@@ -91,6 +91,10 @@ type Flow struct {
 type FlowFilter struct {
 	Services map[reconciler.ServiceID]bool
 	Backends map[reconciler.BackendID]bool
+	// Counts fills each Flow's Packets and Bytes, at the price of a read
+	// of the whole per-flow counter table first (flowcounts.go); only
+	// the IPFIX scan needs them.
+	Counts bool
 }
 
 func (f FlowFilter) match(svc, be uint32) bool {
@@ -220,9 +224,11 @@ func (d *LB) Flows(f FlowFilter, fn func(Flow) bool) error {
 	if err != nil {
 		return err
 	}
-	counts, err := d.readFlowCounts()
-	if err != nil {
-		return err
+	var counts map[bpf.LbFlowKey]bpf.LbFlowCount
+	if f.Counts {
+		if counts, err = d.readFlowCounts(); err != nil {
+			return err
+		}
 	}
 	return walk(d.conntrack, func(k *bpf.LbFlowKey, v *bpf.LbCtValue) bool {
 		if !f.match(v.SvcId, ctBackend(v)) {

@@ -180,13 +180,7 @@ func (c *entryCounts) slowCount(m *ebpf.Map) (int, error) {
 // ConntrackLookup returns the backend id the connection table holds for a
 // client's flow to a service, if any.
 func (d *LB) ConntrackLookup(client netip.AddrPort, fe lb.Frontend) (reconciler.BackendID, reconciler.ServiceID, bool) {
-	k := bpf.LbFlowKey{
-		Src:   client.Addr().As16(),
-		Dst:   fe.Addr.As16(),
-		Sport: htons(client.Port()),
-		Dport: htons(fe.Port),
-		Proto: uint8(fe.Proto),
-	}
+	k := flowKey(FlowID{Client: client, Frontend: fe})
 	var v bpf.LbCtValue
 	if err := d.conntrack.Lookup(&k, &v); err != nil {
 		return 0, 0, false
