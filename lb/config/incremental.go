@@ -145,13 +145,11 @@ func (p *Parser) parseBlocks(name string, data []byte, opts Options) (cfg *Confi
 	inPlace := p.order != nil && len(p.order) == len(blocks)
 	for i, b := range blocks {
 		var pb *parsedBlock
-		if inPlace && p.order[i].text == string(b) { // compared, not copied
+		same := inPlace && p.order[i].text == string(b) // compared, not copied
+		if same {
 			pb = p.order[i]
 		} else {
 			pb = p.blocks[string(b)] // no copy of b for the look-up
-			if inPlace {
-				changed = append(changed, i)
-			}
 		}
 		if pb == nil || pb.defaults != defs || pb.name != name {
 			if pb = parseBlock(name, b, defs); pb == nil {
@@ -159,9 +157,10 @@ func (p *Parser) parseBlocks(name string, data []byte, opts Options) (cfg *Confi
 				return nil, st, false
 			}
 			st.Decoded++
-			if inPlace && (len(changed) == 0 || changed[len(changed)-1] != i) {
-				changed = append(changed, i)
-			}
+			same = false
+		}
+		if inPlace && !same {
+			changed = append(changed, i)
 		}
 		if !pb.facts.nameOK || !pb.facts.frontendOK {
 			st.Why = "a service's name or frontend is not one the rules across services can compare"
