@@ -132,20 +132,21 @@ func announceInputs(svcs cow.Slice[lb.Service], idx plan.Index, states func(heal
 // announcer its set. It runs on the control loop after every pass, with
 // the states the pass programmed. After a pass over a few services
 // (changed names them; prev is the last view) only their VIPs are decided
-// again.
-func (d *Daemon) announce(v, prev *view, changed []string) {
+// again. It decides only: the caller publishes v and then calls the
+// returned apply, which hands the announcers their sets, so that the API
+// never shows a VIP announced after a router has seen it withdrawn.
+func (d *Daemon) announce(v, prev *view, changed []string) (apply func()) {
 	if a := d.ann; changed != nil && prev != nil && a != nil && a.complete {
-		d.announceSome(v, prev, changed)
-		return
+		return d.announceSome(v, prev, changed)
 	}
-	d.announceWith(v, v.Health.Get)
+	return d.announceWith(v, v.Health.Get)
 }
 
 // announceSome is announceWith for the VIPs of the services named, whose
 // part of v alone differs from prev: the decision for every other VIP is
 // prev's. Every service on those VIPs is looked at (a VIP is announced when
 // any of its services may be), none else.
-func (d *Daemon) announceSome(v, prev *view, changed []string) {
+func (d *Daemon) announceSome(v, prev *view, changed []string) (apply func()) {
 	a := d.ann
 	in, addrs, waiting := someInputs(v, changed)
 	if waiting {
@@ -153,13 +154,30 @@ func (d *Daemon) announceSome(v, prev *view, changed []string) {
 	}
 	if a.bgp != nil {
 		v.bgpVIPs = spliceVIPs(prev.bgpVIPs, announce.Decide(in, a.bgp.MinHealthy()), addrs)
+	}
+	if a.l2 != nil {
+		v.l2VIPs = spliceVIPs(prev.l2VIPs, announce.Decide(in, a.l2.MinHealthy()), addrs)
+	}
+	return func() { d.setAnnounced(v, true, false) }
+}
+
+// setAnnounced hands each announcer the set v decided; bgp false holds the
+// BGP set back (sessions not opened yet) and ready tells the L2 failover
+// that this box's set is complete.
+func (d *Daemon) setAnnounced(v *view, bgp, ready bool) {
+	a := d.ann
+	if a.bgp != nil && bgp {
 		if err := a.bgp.Set(announce.Announced(v.bgpVIPs)); err != nil {
 			d.log.Error("BGP announcement", "error", err)
 		}
 	}
 	if a.l2 != nil {
-		v.l2VIPs = spliceVIPs(prev.l2VIPs, announce.Decide(in, a.l2.MinHealthy()), addrs)
 		a.l2.Set(announce.Announced(v.l2VIPs))
+		if ready {
+			// Failover: a box whose set is complete outranks one
+			// still probing.
+			a.l2.Ready()
+		}
 	}
 }
 
@@ -201,8 +219,9 @@ func spliceVIPs(prev, fresh []announce.VIP, addrs []netip.Addr) []announce.VIP {
 // states, while a backend waits for its first passed check.
 func (d *Daemon) reannounce() {
 	v := *d.view.Load()
-	d.announceWith(&v, plan.MapLookup(d.health.States()))
+	apply := d.announceWith(&v, plan.MapLookup(d.health.States()))
 	d.view.Store(&v)
+	apply()
 }
 
 // recheckC fires when reannounce is due; nil (never) without announcers.
@@ -213,10 +232,10 @@ func (d *Daemon) recheckC() <-chan time.Time {
 	return d.ann.recheck.C
 }
 
-func (d *Daemon) announceWith(v *view, states func(health.Key) (health.Status, bool)) {
+func (d *Daemon) announceWith(v *view, states func(health.Key) (health.Status, bool)) (apply func()) {
 	a := d.ann
 	if a == nil || (a.bgp == nil && a.l2 == nil) {
-		return
+		return func() {}
 	}
 	in, waiting, unprobed := announceInputs(v.Services, v.Index, states)
 	if waiting {
@@ -225,25 +244,16 @@ func (d *Daemon) announceWith(v *view, states func(health.Key) (health.Status, b
 	a.complete = !unprobed
 	if a.bgp != nil {
 		v.bgpVIPs = announce.Decide(in, a.bgp.MinHealthy())
-		// The first set opens the sessions, and after a restart the
-		// routers drop the routes it lacks: wait until every backend
-		// has had a probe end, so that it is the complete set.
-		if a.opened || !unprobed {
-			a.opened = true
-			if err := a.bgp.Set(announce.Announced(v.bgpVIPs)); err != nil {
-				d.log.Error("BGP announcement", "error", err)
-			}
-		}
 	}
 	if a.l2 != nil {
 		v.l2VIPs = announce.Decide(in, a.l2.MinHealthy())
-		a.l2.Set(announce.Announced(v.l2VIPs))
-		if !unprobed {
-			// Failover: a box whose set is complete outranks one
-			// still probing.
-			a.l2.Ready()
-		}
 	}
+	// The first BGP set opens the sessions, and after a restart the
+	// routers drop the routes it lacks: wait until every backend has had
+	// a probe end, so that it is the complete set.
+	bgp := a.opened || !unprobed
+	a.opened = bgp
+	return func() { d.setAnnounced(v, bgp, !unprobed) }
 }
 
 // reloadAnnouncers applies a reloaded [bgp] to the running speaker. Turning

@@ -783,9 +783,10 @@ func (d *Daemon) publish(res plan.Result) {
 		d.metrics.ServiceRefused(r.Reason)
 	}
 	v, prev := &view{View: res.View, cfg: d.cfg}, d.view.Load()
-	d.announce(v, prev, res.Changed)
-	d.publishFleet(v, prev, res.Changed)
+	apply := d.announce(v, prev, res.Changed)
 	d.view.Store(v)
+	apply()
+	d.publishFleet(v, prev, res.Changed)
 }
 
 // statusLine is the STATUS= text systemctl status shows.
