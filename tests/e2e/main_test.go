@@ -7,6 +7,7 @@ package e2e
 
 import (
 	"bufio"
+	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -29,8 +30,10 @@ func TestMain(m *testing.M) {
 }
 
 func run(m *testing.M) int {
-	if os.Geteuid() != 0 && os.Getenv(testnet.PrivilegedEnv) == "" {
-		// Every test here skips with a reason; no need to build.
+	flag.Parse()
+	if testing.Short() || os.Geteuid() != 0 && os.Getenv(testnet.PrivilegedEnv) == "" {
+		// Every test here skips with a reason (-short is make check,
+		// which runs no test that needs root): no need to build.
 		return m.Run()
 	}
 	dir, err := os.MkdirTemp("", "l4lb-e2e-bin-")
