@@ -6,10 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -43,6 +45,11 @@ func fullService(name string, port uint16) lb.Service {
 		Source: kubernetesSource,
 	}
 }
+
+// addrComparers let cmp compare services, whose addresses have unexported
+// fields.
+var addrComparers = []cmp.Option{cmp.Comparer(func(a, b netip.Addr) bool { return a == b }),
+	cmp.Comparer(func(a, b netip.Prefix) bool { return a == b }), cmp.Comparer(func(a, b netip.AddrPort) bool { return a == b })}
 
 func lastGoodDaemon(t *testing.T, socket string) *Daemon {
 	t.Helper()
@@ -90,8 +97,7 @@ func TestLastGood(t *testing.T) {
 	r.adopted = map[lb.Frontend]bool{svc.Frontend: true}
 	r.restoreLastGood(kubernetesSource)
 	got, _ := r.merger.Desired()
-	if diff := cmp.Diff([]lb.Service{svc}, got, cmp.Comparer(func(a, b netip.Addr) bool { return a == b }),
-		cmp.Comparer(func(a, b netip.Prefix) bool { return a == b }), cmp.Comparer(func(a, b netip.AddrPort) bool { return a == b })); diff != "" {
+	if diff := cmp.Diff([]lb.Service{svc}, got, addrComparers...); diff != "" {
 		t.Errorf("restored services (-want +got):\n%s", diff)
 	}
 	if again, _ := os.ReadFile(path); string(again) != string(first) {
@@ -149,5 +155,126 @@ func TestLastGoodWriterLatestWins(t *testing.T) {
 	w.flush()
 	if b, err := os.ReadFile(path); err != nil || !strings.Contains(string(b), `"back"`) {
 		t.Errorf("a snapshot queued after a removal: file %q (%v)", b, err)
+	}
+}
+
+// TestLastGoodPatches: snapshots that name their changes are appended as
+// patches, the file reads back as the newest snapshot after any mix of
+// patches, whole snapshots, coalesced puts and removals, and it is written
+// whole again before the patches outweigh it.
+func TestLastGoodPatches(t *testing.T) {
+	socket := filepath.Join(t.TempDir(), "l4lb.sock")
+	w := newLastGoodWriter(slog.New(slog.DiscardHandler), socket)
+	path := LastGoodPath(socket, consulSource)
+	rng := rand.New(rand.NewPCG(1, 2))
+	svcs := make([]lb.Service, 50)
+	for i := range svcs {
+		svcs[i] = fullService(fmt.Sprint("s", i), uint16(1000+i))
+	}
+	var put func([]string)
+	snapOf := func(changed []string) *discovery.Snapshot {
+		// A copy that later steps do not change under the writer.
+		c := slices.Clone(svcs)
+		for i := range c {
+			c[i].Backends = slices.Clone(c[i].Backends)
+		}
+		return &discovery.Snapshot{Source: consulSource, Services: c, Changed: changed}
+	}
+	put = func(changed []string) { w.put(consulSource, snapOf(changed)) }
+	check := func(step int) {
+		t.Helper()
+		w.flush()
+		lg, torn, err := readLastGood(path)
+		if err != nil || torn != nil {
+			t.Fatalf("step %d: read the file: %v, %v", step, err, torn)
+		}
+		if diff := cmp.Diff(svcs, lg.Services, addrComparers...); diff != "" {
+			t.Fatalf("step %d: the file reads back as (-want +got):\n%s", step, diff)
+		}
+	}
+	put(nil)
+	check(0)
+	whole, _ := os.Stat(path)
+	var sawPatch, sawRewrite bool
+	last := whole.Size()
+	for step := 1; step <= 400; step++ {
+		var changed []string
+		for range 1 + rng.IntN(3) {
+			i := rng.IntN(len(svcs))
+			svcs[i].Backends[0].Weight = uint32(1 + rng.IntN(100))
+			changed = append(changed, svcs[i].Name)
+		}
+		switch r := rng.IntN(20); {
+		case r == 0: // a snapshot that names nothing: written whole
+			put(nil)
+		case r == 1: // a removal and a snapshot queued behind it
+			w.put(consulSource, nil)
+			put(changed)
+		case r < 5: // two patches coalesced before the writer runs
+			w.mu.Lock()
+			w.putLocked(consulSource, snapOf(changed))
+			i := rng.IntN(len(svcs))
+			svcs[i].DrainTimeout += time.Second
+			w.putLocked(consulSource, snapOf([]string{svcs[i].Name}))
+			w.mu.Unlock()
+		default:
+			put(changed)
+		}
+		check(step)
+		st, err := os.Stat(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Size() > 2*whole.Size()+4096 {
+			t.Fatalf("step %d: the file grew to %d bytes; written whole it is about %d", step, st.Size(), whole.Size())
+		}
+		sawPatch = sawPatch || st.Size() > last
+		sawRewrite = sawRewrite || st.Size() < last
+		last = st.Size()
+	}
+	if !sawPatch || !sawRewrite {
+		t.Errorf("patched %v, written whole again %v: want both", sawPatch, sawRewrite)
+	}
+}
+
+// TestLastGoodTornPatch: a patch cut short by a crash is left out, with a
+// warning, and the services are restored as of the patch before.
+func TestLastGoodTornPatch(t *testing.T) {
+	socket := filepath.Join(t.TempDir(), "l4lb.sock")
+	path := LastGoodPath(socket, kubernetesSource)
+	svc := fullService("e2e.web.80-udp", 80)
+	// Other services, so that a patch is small next to the whole file
+	// and is appended, not written whole.
+	others := []lb.Service{fullService("a", 81), fullService("b", 82), fullService("c", 83)}
+	with := func(svc lb.Service) []lb.Service { return append([]lb.Service{svc}, others...) }
+	d := lastGoodDaemon(t, socket)
+	d.update(discovery.Snapshot{Source: kubernetesSource, Services: with(svc)})
+	// Each snapshot gets its own backends: the writer encodes them
+	// after update returns.
+	svc.Backends = slices.Clone(svc.Backends)
+	svc.Backends[0].Weight = 7
+	d.update(discovery.Snapshot{Source: kubernetesSource, Services: with(svc), Changed: []string{svc.Name}})
+	d.lastGood.flush()
+	patched, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc.Backends = slices.Clone(svc.Backends)
+	svc.Backends[0].Weight = 9
+	d.update(discovery.Snapshot{Source: kubernetesSource, Services: with(svc), Changed: []string{svc.Name}})
+	d.lastGood.flush()
+	full, err := os.ReadFile(path)
+	if err != nil || len(full) <= len(patched) {
+		t.Fatalf("the second change was not appended: %d bytes, then %d (%v)", len(patched), len(full), err)
+	}
+	if err := os.WriteFile(path, full[:len(full)-10], 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r := lastGoodDaemon(t, socket)
+	r.adopted = map[lb.Frontend]bool{svc.Frontend: true}
+	r.restoreLastGood(kubernetesSource)
+	got, _ := r.merger.Desired()
+	if len(got) != 1 || got[0].Backends[0].Weight != 7 {
+		t.Errorf("restored %+v, want the service as of the first patch (weight 7)", got)
 	}
 }
