@@ -122,16 +122,17 @@ type Source struct {
 
 	changed chan struct{}
 
-	mu       sync.Mutex
-	catalog  *catalogView        // nil until the first catalog answer
-	services map[string]*watched // by Consul service name
-	kv       map[string]kvEntry  // by key; nil until the first KV answer
-	failing  map[string]error    // watch -> its latest error
-	synced   time.Time           // last answer while no watch was failing
-	state    int                 // stateStarting, stateOK or stateFailing: as last logged
-	problems map[string][]string // origin -> problems, from the last build
-	run      context.Context     // Run's context, for watchers started later
-	wg       sync.WaitGroup      // every goroutine Run started
+	mu         sync.Mutex
+	catalog    *catalogView        // nil until the first catalog answer
+	catalogRaw []byte              // the catalog answer catalog was made from
+	services   map[string]*watched // by Consul service name
+	kv         map[string]kvEntry  // by key; nil until the first KV answer
+	failing    map[string]error    // watch -> its latest error
+	synced     time.Time           // last answer while no watch was failing
+	state      int                 // stateStarting, stateOK or stateFailing: as last logged
+	problems   map[string][]string // origin -> problems, from the last build
+	run        context.Context     // Run's context, for watchers started later
+	wg         sync.WaitGroup      // every goroutine Run started
 
 	claimSet *claims // Run's goroutine only
 

@@ -3,7 +3,9 @@
 package consul
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -168,12 +170,29 @@ func (s *Source) healthyLocked() bool {
 	return true
 }
 
+// watchCatalog reads the catalog's service list. Its index moves with every
+// registration of any instance, and the answer names every service: at
+// 100,000 services, decoding it for each change would cost more than the
+// change. So the answer is kept as it came, and one equal to the last
+// (the same services with the same tags) is not decoded, unless the
+// services are watched together, where a moved index is the news.
 func (s *Source) watchCatalog(q *api.QueryOptions) (uint64, func(), error) {
-	all, meta, err := s.client.Catalog().Services(q)
+	var raw json.RawMessage
+	meta, err := s.client.Raw().Query("/v1/catalog/services", &raw, q)
 	if err != nil {
 		return 0, nil, err
 	}
-	return meta.LastIndex, func() { s.setCatalog(all) }, nil
+	s.mu.Lock()
+	same := !s.aggregate && s.catalog != nil && bytes.Equal(raw, s.catalogRaw)
+	s.mu.Unlock()
+	if same {
+		return meta.LastIndex, func() {}, nil
+	}
+	var all map[string][]string
+	if err := json.Unmarshal(raw, &all); err != nil {
+		return 0, nil, fmt.Errorf("read the catalog's service list: %w", err)
+	}
+	return meta.LastIndex, func() { s.setCatalog(all, raw) }, nil
 }
 
 // setCatalog follows the catalog's tagged services: it starts a watch for
@@ -182,7 +201,7 @@ func (s *Source) watchCatalog(q *api.QueryOptions) (uint64, func(), error) {
 // that, the services are watched together (aggregate.go), since every
 // blocking query holds one of the few connections the agent allows a
 // client.
-func (s *Source) setCatalog(all map[string][]string) {
+func (s *Source) setCatalog(all map[string][]string, raw []byte) {
 	var names []string
 	for name, tags := range all {
 		if slices.Contains(tags, s.cfg.Tag) {
@@ -222,6 +241,7 @@ func (s *Source) setCatalog(all map[string][]string) {
 		s.reshaped = true
 	}
 	s.catalog = &catalogView{names: names}
+	s.catalogRaw = raw
 	if aggregate {
 		// The catalog's index moved: some instance was registered,
 		// changed or removed, and the answer does not say which.
