@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/consul/api"
+	"golang.org/x/time/rate"
 
 	"github.com/l4lb/l4lb/lb/config"
 	"github.com/l4lb/l4lb/lb/fleet"
@@ -40,6 +41,13 @@ type FleetOptions struct {
 	// RetryMin and RetryMax bound the back-off after a failed call.
 	RetryMin, RetryMax time.Duration
 }
+
+// consulKVMaxValue is the default of Consul's limits.kv_max_value_size.
+const consulKVMaxValue = 512 << 10
+
+// publishEvery is the least time between two writes of this box's record,
+// but for the first after a quiet second, which goes at once.
+const publishEvery = time.Second
 
 // goneFor is how long a box whose record went is remembered, for
 // operators asking where it went.
@@ -68,8 +76,10 @@ type Fleet struct {
 
 	wake chan struct{}
 	mu   sync.Mutex
-	// local is the record to publish; published the one Consul holds.
-	local, published []byte
+	// local is the record to publish (nil: none yet); published the
+	// encoding of the one Consul holds.
+	local            *fleet.Box
+	published        []byte
 	boxes            []fleet.Box
 	gone             map[string]time.Time
 	lastSync         time.Time
@@ -107,23 +117,18 @@ func NewFleet(cc *config.Consul, fc *config.Fleet, opts FleetOptions) (*Fleet, e
 // Name is this box's name in the fleet.
 func (f *Fleet) Name() string { return f.name }
 
-// Publish sets the record to publish; it is written at once if it
-// changed. b.Name is replaced by the box's name.
+// Publish sets the record to publish, which is written soon if it
+// changed. b.Name is replaced by the box's name. b is the caller's no more:
+// it is encoded later, off the caller's goroutine (at 100,000 services the
+// record is megabytes), and a newer record replaces one not yet written.
 func (f *Fleet) Publish(b fleet.Box) {
 	b.Name = f.name
-	data, err := json.Marshal(b)
-	if err != nil {
-		return
-	}
 	f.mu.Lock()
-	changed := string(data) != string(f.local)
-	f.local = data
+	f.local = &b
 	f.mu.Unlock()
-	if changed {
-		select {
-		case f.wake <- struct{}{}:
-		default:
-		}
+	select {
+	case f.wake <- struct{}{}:
+	default:
 	}
 }
 
@@ -177,6 +182,9 @@ func (f *Fleet) publishLoop(ctx context.Context) {
 		lost    chan struct{}
 		stopRen chan struct{}
 		retry   = f.opts.RetryMin
+		lim     = rate.NewLimiter(rate.Every(publishEvery), 1)
+		encoded *fleet.Box // the record data encodes
+		data    []byte
 	)
 	defer func() {
 		if session == "" {
@@ -214,9 +222,25 @@ func (f *Fleet) publishLoop(ctx context.Context) {
 			f.mu.Unlock()
 		}
 		f.mu.Lock()
-		data, stale := f.local, string(f.local) != string(f.published)
+		local, published := f.local, f.published
 		f.mu.Unlock()
-		if data != nil && stale {
+		if local != encoded {
+			// A record is encoded and written whole: under a stream
+			// of changes, one a second carries them all. The newest
+			// is taken after the wait.
+			if lim.Wait(ctx) != nil {
+				return
+			}
+			f.mu.Lock()
+			local = f.local
+			f.mu.Unlock()
+			d, err := json.Marshal(local)
+			if err != nil {
+				f.log.Error("fleet check: cannot encode this box's record", "error", err)
+			}
+			encoded, data = local, d
+		}
+		if data != nil && string(data) != string(published) {
 			if err := f.write(ctx, session, data); err != nil {
 				f.setErr(&f.pubErr, err)
 				if !f.backoff(ctx, &retry) {
@@ -263,6 +287,10 @@ func (f *Fleet) write(ctx context.Context, session string, data []byte) error {
 	wo := (&api.WriteOptions{}).WithContext(ctx)
 	for attempt := 0; attempt < 2; attempt++ {
 		ok, _, err := kv.Acquire(&api.KVPair{Key: f.key(), Value: data, Session: session}, wo)
+		if err != nil && len(data) > consulKVMaxValue {
+			return fmt.Errorf("fleet: write %s: %w (this box's record is %d KiB; Consul refuses values over its limits.kv_max_value_size, 512 KiB unless raised: raise it on the Consul servers, or set fleet.publish = false)",
+				f.key(), err, len(data)>>10)
+		}
 		if err != nil {
 			return fmt.Errorf("fleet: write %s: %w", f.key(), err)
 		}

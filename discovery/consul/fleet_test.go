@@ -4,7 +4,9 @@ package consul_test
 
 import (
 	"context"
+	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -66,7 +68,7 @@ func rec(fp string) fleet.Box {
 }
 
 // TestFleet runs two boxes' fleet checks against a real agent: each sees
-// the other's record, a change shows at once, a stopped box's record goes,
+// the other's record, a change after a quiet second shows at once, a stopped box's record goes,
 // and a box restarted after a crash takes its record back from the session
 // its previous process left.
 func TestFleet(t *testing.T) {
@@ -80,6 +82,8 @@ func TestFleet(t *testing.T) {
 		t.Fatalf("identical boxes flagged: %v", r.Warnings())
 	}
 
+	// After a quiet second a change is written at once.
+	time.Sleep(1100 * time.Millisecond)
 	start := time.Now()
 	b2.f.Publish(rec("f2"))
 	boxes = waitBoxes(t, b1.f, func(bs []fleet.Box) bool { return len(fleet.Compare(bs).Mismatches) == 1 }, "lb1", "lb2")
@@ -120,5 +124,39 @@ func TestFleet(t *testing.T) {
 	}
 	if ok, _, _ := a.API.KV().Acquire(&api.KVPair{Key: "l4lb/fleet/lb1", Value: []byte(`{}`), Session: sess2}, nil); ok {
 		t.Errorf("another session acquired lb1's record while lb1 holds it")
+	}
+}
+
+// TestFleetRecordTooLarge: a record over Consul's default value limit (a
+// box with about 6,000 services) is refused by Consul, and the error says
+// how large the record is and what to do; a burst of records is published
+// as its newest.
+func TestFleetRecordTooLarge(t *testing.T) {
+	a := startAgent(t, 0)
+	b := runFleet(t, a.Addr, "lb1")
+	for i := range 5 {
+		b.f.Publish(rec(fmt.Sprint("f", i)))
+	}
+	boxes := waitBoxes(t, b.f, func(bs []fleet.Box) bool { return bs[0].Services[0].Fingerprint == "f4" }, "lb1")
+	big := fleet.Box{SeedFingerprint: "s1"}
+	for i := range 6000 {
+		big.Services = append(big.Services, fleet.Service{Name: fmt.Sprintf("service-%05d", i), Frontend: fmt.Sprintf("10.0.%d.%d:80/tcp", i/256, i%256), Fingerprint: "0123456789abcdef0123"})
+	}
+	b.f.Publish(big)
+	deadline := time.Now().Add(waitTimeout)
+	for {
+		_, st := b.f.Boxes()
+		if strings.Contains(st.Error, "kv_max_value_size") && strings.Contains(st.Error, "KiB") {
+			t.Logf("the error: %s", st.Error)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a record of %d services: status %+v, want an error naming kv_max_value_size", len(big.Services), st)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// The last record Consul took is still the one the others see.
+	if got, _ := b.f.Boxes(); len(got) != 1 || got[0].Services[0].Fingerprint != boxes[0].Services[0].Fingerprint {
+		t.Errorf("after the refused write the fleet holds %+v", got)
 	}
 }
