@@ -35,7 +35,9 @@
 //     open, probe interval included, is reported beside it.
 //
 // It reports each path's p50 and p99, the CPU l4lbd spent per change (from
-// /proc: user + system, over all changes of the path), and the daemon's
+// /proc: user + system, over all changes of the path), the same net of what
+// it spends without changes (read over 3 s before them, once a second of
+// at most 100 ms of CPU says its start-up is over), and the daemon's
 // start-up time and resident memory at each size.
 //
 // With several binaries (-l4lbd A,B) every size runs each of them in turn,
@@ -203,8 +205,10 @@ func main() {
 		fmt.Printf(" the start-up of a %s row lasts until the changed service is programmed.\n", s.path)
 	}
 	fmt.Println()
-	fmt.Println("| services | l4lbd | path | p50 | p99 | CPU per change | start-up | RSS |")
-	fmt.Println("|---|---|---|---|---|---|---|---|")
+	fmt.Println("CPU per change is l4lbd's over the changes; net of idle, less what it spent per second over 3 s without changes (idle CPU per s), read once it had a second of at most 100 ms of CPU or after 30 s.")
+	fmt.Println()
+	fmt.Println("| services | l4lbd | path | p50 | p99 | CPU per change | net of idle | idle CPU per s | start-up | RSS |")
+	fmt.Println("|---|---|---|---|---|---|---|---|---|---|")
 	for si, n := range counts {
 		for bi := range binList {
 			for _, res := range results[[2]int{si, bi}] {
@@ -253,8 +257,8 @@ func (r run) rows(n int, label string) []string {
 		if tm.note != "" {
 			name += " (" + tm.note + ")"
 		}
-		out = append(out, fmt.Sprintf("| %d | %s | %s | %s | %s | %s | %s | %d MiB |\n", n, label, name, ms(tm.p50), ms(tm.p99), ms(tm.cpu),
-			tm.start.Round(100*time.Millisecond), tm.rss>>20))
+		out = append(out, fmt.Sprintf("| %d | %s | %s | %s | %s | %s | %s | %s | %s | %d MiB |\n", n, label, name, ms(tm.p50), ms(tm.p99), ms(tm.cpu),
+			ms(tm.net), ms(tm.idle), tm.start.Round(100*time.Millisecond), tm.rss>>20))
 	}
 	return out
 }
@@ -263,25 +267,59 @@ func (r run) rows(n int, label string) []string {
 type timing struct {
 	p50, p99 time.Duration
 	cpu      time.Duration // per change
-	note     string
+	// idle is l4lbd's CPU per second without changes, and net the CPU
+	// per change above it.
+	idle, net time.Duration
+	note      string
 	// start and rss are those of the l4lbd the path ran on.
 	start time.Duration
 	rss   uint64
 }
 
 // timeChanges makes changes changes with change(i), each returning the
-// interval it timed, and l4lbd's CPU (process pid) over all of them.
+// interval it timed, and l4lbd's CPU (process pid) over all of them. It
+// first measures l4lbd's CPU over idleWindow without changes: what it
+// spends anyway (the self-check's slices, probes, timers), so that the
+// part of CPU per change that the changes caused can be told apart.
 func timeChanges(pid, changes int, change func(i int) time.Duration) timing {
+	var tm timing
+	settle(pid)
+	idle0, t0 := cpuTime(pid), time.Now()
+	time.Sleep(idleWindow)
+	tm.idle = time.Duration(float64(cpuTime(pid)-idle0) / time.Since(t0).Seconds())
 	var lat []time.Duration
-	cpu0 := cpuTime(pid)
+	cpu0, start := cpuTime(pid), time.Now()
 	for i := range changes {
 		lat = append(lat, change(i))
 	}
-	var tm timing
-	tm.cpu = (cpuTime(pid) - cpu0) / time.Duration(changes)
+	spent := cpuTime(pid) - cpu0
+	tm.cpu = spent / time.Duration(changes)
+	background := time.Duration(float64(tm.idle) * time.Since(start).Seconds())
+	tm.net = max(0, spent-background) / time.Duration(changes)
 	tm.p50, tm.p99 = percentiles(lat)
 	return tm
 }
+
+// idleWindow is how long l4lbd's CPU is read before a path's changes.
+const idleWindow = 3 * time.Second
+
+// settle waits, at most settleMax, for a second in which l4lbd spends at
+// most settledCPU: the tail of its start-up (the last-good file, the fleet
+// record, the collector) is not what it spends without changes.
+func settle(pid int) {
+	for deadline := time.Now().Add(settleMax); time.Now().Before(deadline); {
+		c := cpuTime(pid)
+		time.Sleep(time.Second)
+		if cpuTime(pid)-c <= settledCPU {
+			return
+		}
+	}
+}
+
+const (
+	settleMax  = 30 * time.Second
+	settledCPU = 100 * time.Millisecond
+)
 
 func percentiles(lat []time.Duration) (p50, p99 time.Duration) {
 	lat = slices.Clone(lat)
