@@ -262,8 +262,9 @@ func (w *lastGoodWriter) writeWhole(snap discovery.Snapshot) error {
 	b = append(b, head[:len(head)-len(null)]...)
 	b = append(b, svcs...)
 	b = append(b, "}\n"...)
-	if err := writeAtomic(LastGoodPath(w.socket, snap.Source), b); err != nil {
-		return err
+	path := LastGoodPath(w.socket, snap.Source)
+	if err := writeAtomic(path, b); err != nil {
+		return fmt.Errorf("save %s: %w", path, err)
 	}
 	kf := &keptFile{at: make(map[string]int, len(snap.Services)), n: len(snap.Services), sum: sum, whole: len(b)}
 	for i, s := range snap.Services {
@@ -281,17 +282,15 @@ func (w *lastGoodWriter) remove(source string) {
 	}
 }
 
-// writeAtomic replaces the file at path with b: a reader (or a restart)
-// sees the old file or the new one, never a part.
+// writeAtomic replaces the file at path with b (mode 0600): a reader (or a
+// restart) sees the old file or the new one, never a part. Its errors are
+// the os package's, which name the file; callers say what was saved.
 func writeAtomic(path string, b []byte) error {
 	tmp := path + ".tmp"
 	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return fmt.Errorf("save %s: %w", path, err)
+		return err
 	}
-	if err := os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("save %s: %w", path, err)
-	}
-	return nil
+	return os.Rename(tmp, path)
 }
 
 // readLastGood reads a source's file: its services with every patch

@@ -74,11 +74,7 @@ func (o *overrides) save() error {
 	if err != nil {
 		return err
 	}
-	tmp := o.path + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return fmt.Errorf("save backend overrides: %w", err)
-	}
-	if err := os.Rename(tmp, o.path); err != nil {
+	if err := writeAtomic(o.path, b); err != nil {
 		return fmt.Errorf("save backend overrides: %w", err)
 	}
 	return nil
