@@ -15,6 +15,7 @@
  * Two entry points share all of it: l4lb_xdp (XDP) and l4lb_tc (tc ingress
  * through tcx, for interfaces where XDP cannot attach); see hook.h.
  */
+#include "include/bfd.h"
 #include "include/clock.h"
 #include "include/common.h"
 #include "include/config.h"
@@ -362,6 +363,7 @@ enum icmp_todo_kind {
 	ICMP_TODO_NONE = 0,
 	ICMP_TODO_ERROR,   /* an ICMP error to read and maybe pass on (icmp_error) */
 	ICMP_TODO_TOO_BIG, /* a packet too big for the dispatch to answer (icmp_too_big) */
+	ICMP_TODO_BFD,     /* XDP: a BFD control packet the datapath may answer for a restarting l4lbd (bfd.h) */
 };
 /* l4lb_trace (traceout.h) reads the kind by these values. */
 _Static_assert(ICMP_TODO_ERROR == 1 && ICMP_TODO_TOO_BIG == 2, "icmp_todo_kind as traceout.h reads it");
@@ -424,6 +426,11 @@ static __always_inline int not_frontend(const struct hook *h, struct icmp_todo *
 			todo->kind = ICMP_TODO_TOO_BIG;
 		}
 		return verdict;
+	}
+	if (unlikely(h->xdp && bfd_maybe(p))) {
+		/* Counted there: an answered packet is not passed. */
+		todo->kind = ICMP_TODO_BFD;
+		return hook_pass(h);
 	}
 	count_reason(L4LB_R_PASS_NOT_SERVICE, p->l3_len);
 	return hook_pass(h);
@@ -712,6 +719,19 @@ __noinline int l4lb_validate_tc(struct __sk_buff *ctx, const struct packet *p, _
 	return validate_slow(&h, p, slow);
 }
 
+/* BFD answers for a restarting l4lbd (bfd.h); XDP only. */
+__noinline int l4lb_bfd_answer_xdp(struct xdp_md *ctx, const struct packet *p)
+{
+	int verdict;
+
+	if (!p)
+		return XDP_PASS;
+	verdict = bfd_answer(ctx, p);
+	if (verdict == XDP_PASS)
+		count_reason(L4LB_R_PASS_NOT_SERVICE, p->l3_len);
+	return verdict;
+}
+
 __noinline int l4lb_icmp_error_xdp(struct xdp_md *ctx, struct packet *p)
 {
 	struct hook h = {.ctx = ctx, .xdp = 1};
@@ -743,6 +763,8 @@ int l4lb_xdp(struct xdp_md *ctx)
 		verdict = l4lb_icmp_error_xdp(ctx, &todo.p);
 	else if (unlikely(todo.kind == ICMP_TODO_TOO_BIG))
 		verdict = l4lb_icmp_too_big_xdp(ctx, &todo.p, todo.mtu, todo.overhead);
+	else if (unlikely(todo.kind == ICMP_TODO_BFD))
+		verdict = l4lb_bfd_answer_xdp(ctx, &todo.p);
 	if (unlikely(tracing))
 		l4lb_trace(&todo.p, ctx->ingress_ifindex, verdict, L4LB_TRACE_XDP, todo.kind);
 	return verdict;

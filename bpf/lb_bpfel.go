@@ -43,6 +43,24 @@ type LbBackendRoute struct {
 	Ids   [8]uint32
 }
 
+type LbBfdHoldKey struct {
+	_    structs.HostLayout
+	Peer [16]uint8
+}
+
+type LbBfdHoldValue struct {
+	_           structs.HostLayout
+	Until       uint64
+	Answered    uint64
+	LocalDiscr  uint32
+	RemoteDiscr uint32
+	MinTxUs     uint32
+	MinRxUs     uint32
+	SrcPort     uint16
+	DetectMult  uint8
+	Pad         [5]uint8
+}
+
 type LbClockCopy struct {
 	_       structs.HostLayout
 	Jiffies uint64
@@ -452,6 +470,7 @@ const (
 	LbMapBackendRoutes        = "backend_routes"
 	LbMapBackendStats         = "backend_stats"
 	LbMapBackends             = "backends"
+	LbMapBfdHold              = "bfd_hold"
 	LbMapClockCache           = "clock_cache"
 	LbMapConntrack            = "conntrack"
 	LbMapCtFilter             = "ct_filter"
@@ -575,6 +594,7 @@ type LbMapSpecs struct {
 	BackendRoutes   *ebpf.MapSpec `ebpf:"backend_routes"`
 	BackendStats    *ebpf.MapSpec `ebpf:"backend_stats"`
 	Backends        *ebpf.MapSpec `ebpf:"backends"`
+	BfdHold         *ebpf.MapSpec `ebpf:"bfd_hold"`
 	ClockCache      *ebpf.MapSpec `ebpf:"clock_cache"`
 	Conntrack       *ebpf.MapSpec `ebpf:"conntrack"`
 	CtFilter        *ebpf.MapSpec `ebpf:"ct_filter"`
@@ -670,6 +690,7 @@ type LbMaps struct {
 	BackendRoutes   *ebpf.Map `ebpf:"backend_routes"`
 	BackendStats    *ebpf.Map `ebpf:"backend_stats"`
 	Backends        *ebpf.Map `ebpf:"backends"`
+	BfdHold         *ebpf.Map `ebpf:"bfd_hold"`
 	ClockCache      *ebpf.Map `ebpf:"clock_cache"`
 	Conntrack       *ebpf.Map `ebpf:"conntrack"`
 	CtFilter        *ebpf.Map `ebpf:"ct_filter"`
@@ -714,6 +735,7 @@ func (m *LbMaps) Close() error {
 		m.BackendRoutes,
 		m.BackendStats,
 		m.Backends,
+		m.BfdHold,
 		m.ClockCache,
 		m.Conntrack,
 		m.CtFilter,

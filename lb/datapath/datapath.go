@@ -155,9 +155,12 @@ type LB struct {
 	// flowCountMap holds the per-flow counts (flowcounts.go); nil with
 	// an object from before it (Config.Object).
 	flowCountMap *ebpf.Map
-	reasons      *ebpf.Map
-	txPorts      *txPortSet
-	inner        *ebpf.MapSpec
+	// bfdHold holds BFD sessions across a restart (bfdhold.go); nil
+	// with an object from before it (Config.Object).
+	bfdHold *ebpf.Map
+	reasons *ebpf.Map
+	txPorts *txPortSet
+	inner   *ebpf.MapSpec
 
 	// offline are the maps OpenPinned opened read-only: set only on an
 	// LB that reads the pins of a stopped l4lbd.
@@ -277,6 +280,7 @@ func Load(cfg Config) (*LB, error) {
 		backendStats: coll.Maps[bpf.LbMapBackendStats],
 		svcReplies:   coll.Maps[bpf.LbMapSvcReplyStats],
 		flowCountMap: coll.Maps[bpf.LbMapFlowCounts],
+		bfdHold:      coll.Maps[bpf.LbMapBfdHold],
 		reasons:      coll.Maps[bpf.LbMapReasons],
 		txPorts:      &txPortSet{m: coll.Maps[bpf.LbMapTxPorts]},
 		inner:        spec.Maps[bpf.LbMapMaglev].InnerMap.Copy(),

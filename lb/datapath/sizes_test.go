@@ -58,6 +58,7 @@ var (
 		bpf.LbMapFlowCacheGen:    {size(uint32(0)), size(uint32(0))},
 		bpf.LbMapSvcCache:        {size(uint32(0)), size(bpf.LbSvcCacheEntry{})},
 		bpf.LbMapSnatOvfSeen:     {size(uint32(0)), size(uint64(0))},
+		bpf.LbMapBfdHold:         {size(bpf.LbBfdHoldKey{}), size(bpf.LbBfdHoldValue{})},
 		bpf.LbMapCtFilter:        {size(uint32(0)), size(uint32(0))}, // value: an inner map of uint64 words
 		bpf.LbMapMaglevSwapped:   {size(uint32(0)), size(uint64(0))},
 		bpf.LbMapIngressMacs:     {size(uint32(0)), size(bpf.LbIngressMac{})},
