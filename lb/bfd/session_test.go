@@ -148,3 +148,37 @@ func TestIPv6(t *testing.T) {
 		t.Errorf("notified %v", got)
 	}
 }
+
+// TestResumeWithNewTimers resumes a session whose configuration changed
+// across the restart: the saved values stay in force until the peer
+// acknowledges the new ones.
+func TestResumeWithNewTimers(t *testing.T) {
+	s, _ := newServer(t, addrA, freePort(t))
+	ss := newSession(testConfig(addrA, addrB, testMult), nil, 0)
+	t.Cleanup(func() { ss.detect.Stop() })
+	saved := Saved{
+		Peer: addrB, LocalDiscr: 1, RemoteDiscr: 42,
+		DetectMultiplier: testMult, MinRx: 200 * time.Millisecond, MinTx: 200 * time.Millisecond,
+		RemoteDetectMultiplier: 3, RemoteMinRx: 100 * time.Millisecond, RemoteMinTx: 100 * time.Millisecond,
+	}
+	before := time.Now()
+	ss.resume(&saved)
+	after := time.Now()
+	if ss.state != Up || !ss.polling || ss.txInForce != 200*time.Millisecond || ss.rxInForce != 200*time.Millisecond {
+		t.Fatalf("resumed: state %s polling %v tx %v rx %v, want up, polling, the saved 200ms", ss.state, ss.polling, ss.txInForce, ss.rxInForce)
+	}
+	// The peer's 3 × max(our 200 ms, its 100 ms).
+	const want = 600 * time.Millisecond
+	if ss.detectAt.Before(before.Add(want)) || ss.detectAt.After(after.Add(want)) {
+		t.Errorf("detection at %v after resuming, want %v", ss.detectAt.Sub(before), want)
+	}
+	if p := ss.packet(); p.state != Up || p.myDiscr != 1 || p.yourDiscr != 42 || !p.poll || p.minTx != micros(testInterval) {
+		t.Errorf("first packet %+v", p)
+	}
+	p := validPacket()
+	p.state, p.myDiscr, p.yourDiscr, p.final = Up, 42, 1, true
+	handleLocked(s, ss, &p)
+	if ss.polling || ss.txInForce != testInterval || ss.rxInForce != testInterval {
+		t.Errorf("after Final: polling %v tx %v rx %v, want %v", ss.polling, ss.txInForce, ss.rxInForce, testInterval)
+	}
+}
