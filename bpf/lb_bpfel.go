@@ -49,16 +49,19 @@ type LbBfdHoldKey struct {
 }
 
 type LbBfdHoldValue struct {
-	_           structs.HostLayout
-	Until       uint64
-	Answered    uint64
-	LocalDiscr  uint32
-	RemoteDiscr uint32
-	MinTxUs     uint32
-	MinRxUs     uint32
-	SrcPort     uint16
-	DetectMult  uint8
-	Pad         [5]uint8
+	_                structs.HostLayout
+	Until            uint64
+	Answered         uint64
+	LocalDiscr       uint32
+	RemoteDiscr      uint32
+	MinTxUs          uint32
+	MinRxUs          uint32
+	RemoteMinTxUs    uint32
+	RemoteMinRxUs    uint32
+	SrcPort          uint16
+	DetectMult       uint8
+	RemoteDetectMult uint8
+	Pad              [4]uint8
 }
 
 type LbClockCopy struct {

@@ -49,7 +49,8 @@ func listPackages(t *testing.T, args ...string) []pkg {
 // kernel, only the datapath binding touches BPF and netlink, only the
 // Kubernetes source imports k8s.io, only lb/announce speaks BGP (and takes
 // what it announces from the daemon), and the fleet comparison knows
-// nothing of Consul, and the pipeline (lb/plan) never reaches the kernel.
+// nothing of Consul, the pipeline (lb/plan) never reaches the kernel, and
+// BFD (lb/bfd) is sockets only.
 func TestDependencyEdges(t *testing.T) {
 	std := map[string]bool{}
 	for _, p := range listPackages(t, "std") {
@@ -93,6 +94,13 @@ func TestDependencyEdges(t *testing.T) {
 	onlyStdAnd("/internal/cow")
 	onlyStdAnd("/internal/reset")
 	onlyStdAnd("/discovery", "/lb", "/internal/cow")
+	// BFD is a protocol on sockets: the standard library and the socket
+	// options of x/sys, nothing of l4lb or the kernel's BPF.
+	for _, d := range byPath[module+"/lb/bfd"].Deps {
+		if !std[d] && !byPath[d].Standard && !strings.HasPrefix(d, "golang.org/x/sys/") {
+			t.Errorf("/lb/bfd depends on %s; it may use only the standard library and golang.org/x/sys", d)
+		}
+	}
 
 	kernel := []string{"github.com/cilium/ebpf", "github.com/vishvananda/netlink", "github.com/vishvananda/netns"}
 	// The pipeline runs against the fake datapath in tests: nothing it

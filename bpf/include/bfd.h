@@ -53,9 +53,12 @@ struct bfd_hold_value {
 	__u32 remote_discr;  /* the router's */
 	__u32 min_tx_us;     /* our DesiredMinTxInterval */
 	__u32 min_rx_us;     /* our RequiredMinRxInterval */
+	__u32 remote_min_tx_us; /* the router's timers, for the next l4lbd */
+	__u32 remote_min_rx_us;
 	__u16 src_port;      /* our session's source port, host order */
 	__u8 detect_mult;    /* ours */
-	__u8 pad[5];
+	__u8 remote_detect_mult;
+	__u8 pad[4];
 };
 
 struct {

@@ -4,15 +4,16 @@ package announce
 
 import (
 	"context"
+	"errors"
 	"log/slog"
-	"maps"
 	"net/netip"
-	"slices"
 	"sync"
 	"time"
 
 	gapi "github.com/osrg/gobgp/v4/api"
-	"github.com/osrg/gobgp/v4/pkg/server"
+
+	"github.com/l4lb/l4lb/lb/bfd"
+	"github.com/l4lb/l4lb/lb/config"
 )
 
 // BFD session states, as l4lbctl and the metrics name them.
@@ -27,217 +28,157 @@ const (
 // metrics use.
 var BFDStates = []string{bfdUp, bfdDown, bfdInit, bfdAdminDown}
 
-// bfdPoll is how often the watcher reads gobgp's BFD sessions. gobgp keeps
-// no history and emits no event for a BFD transition; a session that went
-// down stays down for at least the router's slow-start transmit interval
-// (one second, RFC 5880 6.8.3), so polling well below that sees every
-// transition.
-const bfdPoll = 50 * time.Millisecond
-
 // BFDStatus is the state of one peer's BFD session.
 type BFDStatus struct {
 	// State is up, down, init or admin_down.
 	State string
-	// Since is when the watcher saw State begin; zero if it has not
-	// changed since l4lbd started.
+	// Since is when State began; zero if it has not changed since the
+	// session started.
 	Since time.Time
 	// Transitions counts the entries into each state since l4lbd started.
 	Transitions map[string]uint64
-	// PacketsSent and PacketsReceived count control packets of the
-	// current BFD session (gobgp restarts them with the session).
+	// PacketsSent and PacketsReceived count control packets since the
+	// session started.
 	PacketsSent, PacketsReceived uint64
 	// The configured timers.
 	DetectMultiplier             uint8
 	MinRxInterval, MinTxInterval time.Duration
 }
 
-// bfdWatch follows gobgp's BFD sessions, logs every state change and
-// counts them: what an operator needs to tell a flapping link from a dead
-// box after the fact.
-type bfdWatch struct {
-	srv *server.BgpServer
+// bfdSessions runs the BFD sessions (lb/bfd) of the peers with
+// [bgp.peer.bfd] and ties each to its BGP session: when BFD goes down, the
+// BGP session is reset at once rather than after the hold time, as the
+// router does on its side. The sessions live beside gobgp, not in it, so
+// that a planned restart can hand them to the next l4lbd (Handoff, and
+// SpeakerOptions.ResumeBFD) with the datapath answering in between.
+type bfdSessions struct {
+	srv *bfd.Server
 	log *slog.Logger
-	// restart configures a peer afresh, if it has BFD, and says whether
-	// it did (see poll).
-	restart func(netip.Addr) bool
-	done    chan struct{}
-	wg      sync.WaitGroup
-	// bgp is the BGP session of each peer at the last poll; only the
-	// watcher's goroutine uses it.
-	bgp map[netip.Addr]bgpSession
+	// reset resets the BGP session of a peer whose BFD went down.
+	reset func(netip.Addr)
 
-	mu       sync.Mutex
-	sessions map[netip.Addr]*BFDStatus
+	mu sync.Mutex
+	// cfg is the BFD configuration of each peer with a session.
+	cfg map[netip.Addr]config.BFD
 }
 
-// bgpSession is what the watcher remembers of a BGP session: whether it
-// was established, and how many NOTIFICATIONs it had sent and received.
-type bgpSession struct {
-	up    bool
-	notes uint64
-}
-
-func watchBFD(srv *server.BgpServer, log *slog.Logger, restart func(netip.Addr) bool) *bfdWatch {
-	w := &bfdWatch{srv: srv, log: log, restart: restart, done: make(chan struct{}), bgp: map[netip.Addr]bgpSession{}, sessions: map[netip.Addr]*BFDStatus{}}
-	w.wg.Add(1)
-	go func() {
-		defer w.wg.Done()
-		t := time.NewTicker(bfdPoll)
-		defer t.Stop()
-		for {
-			select {
-			case <-w.done:
-				return
-			case now := <-t.C:
-				w.poll(now)
-			}
-		}
-	}()
-	return w
-}
-
-// poll reads the BFD and BGP sessions. A peer whose BGP session went down,
-// or whose BFD session went down while the BGP session was down, is
-// configured afresh, to work around two behaviours that together keep a
-// recovered peer flapping forever: a router (BIRD) makes a new BFD
-// session, with a new discriminator, for each BGP session, and gobgp keeps
-// the old one bound and drops the new one's packets until its detection
-// time runs out; gobgp then resets the BGP session, and a reset while the
-// session is down is queued and kills the next session as soon as it is
-// established. A fresh gobgp peer has a fresh BFD session, which accepts
-// the router's new one at once, and no queued reset.
-func (w *bfdWatch) poll(now time.Time) {
-	// Without BFD there is nothing to follow: skip reading the BGP
-	// sessions, which costs a round trip through gobgp's main loop.
-	n := 0
-	w.srv.ListBfdPeer(context.Background(), func(string, *gapi.BfdPeerState) { n++ })
-	w.mu.Lock()
-	idle := n == 0 && len(w.sessions) == 0
-	w.mu.Unlock()
-	if idle {
-		return
+// newBFDSessions starts the BFD server (opts: the standard port and every
+// address, except in tests).
+func newBFDSessions(log *slog.Logger, opts bfd.Options, reset func(netip.Addr)) (*bfdSessions, error) {
+	b := &bfdSessions{log: log, reset: reset, cfg: map[netip.Addr]config.BFD{}}
+	opts.Logger = log
+	srv, err := bfd.NewServer(opts, b.changed)
+	if err != nil {
+		return nil, err
 	}
-	var restart []netip.Addr
-	_ = w.srv.ListPeer(context.Background(), &gapi.ListPeerRequest{}, func(p *gapi.Peer) {
-		a, err := netip.ParseAddr(p.GetConf().GetNeighborAddress())
-		if err != nil {
-			return
+	b.srv = srv
+	return b, nil
+}
+
+// changed is the server's report of a state change.
+func (b *bfdSessions) changed(peer netip.Addr, from, to bfd.State) {
+	// lb/bfd logs every change; what follows from one is said here.
+	if from == bfd.Up {
+		b.log.Warn("BFD session down: resetting the BGP session; the router withdraws this box's routes on its own BFD down", "peer", peer, "state", to.String())
+		// Not from the server's goroutine: a reset waits for gobgp.
+		go b.reset(peer)
+	}
+}
+
+// sessionConfig is lb/bfd's configuration of peer a.
+func sessionConfig(a netip.Addr, c config.BFD) bfd.Config {
+	return bfd.Config{Peer: a, DetectMultiplier: c.DetectMultiplier, MinRx: c.MinRxInterval, MinTx: c.MinTxInterval}
+}
+
+// set makes the sessions those of peers: new peers with BFD get one
+// (resumed from resume, when an earlier l4lbd handed it over), removed ones
+// lose theirs, and a peer whose BFD settings changed starts afresh. It
+// returns the peers whose session was resumed.
+func (b *bfdSessions) set(peers []config.BGPPeer, resume map[netip.Addr]bfd.Saved) (resumed []netip.Addr, err error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	want := map[netip.Addr]config.BFD{}
+	for _, p := range peers {
+		if p.BFD.Enabled {
+			want[p.Address] = p.BFD
 		}
-		a = a.Unmap()
-		msgs := p.GetState().GetMessages()
-		now := bgpSession{
-			up:    p.GetState().GetSessionState() == gapi.PeerState_SESSION_STATE_ESTABLISHED,
-			notes: msgs.GetSent().GetNotification() + msgs.GetReceived().GetNotification(),
+	}
+	for a, c := range b.cfg {
+		if w, ok := want[a]; !ok || w != c {
+			b.srv.Remove(a)
+			delete(b.cfg, a)
 		}
-		// A session can come up and be torn down between two polls;
-		// its NOTIFICATION still shows in the counters.
-		if was, ok := w.bgp[a]; ok && (was.up && !now.up || now.notes != was.notes) {
-			restart = append(restart, a)
-		}
-		w.bgp[a] = now
-	})
-	restart = append(restart, w.pollBFD(now)...)
-	for _, a := range slices.Compact(restart) {
-		if !w.restart(a) {
+	}
+	var errs []error
+	for a, c := range want {
+		if _, ok := b.cfg[a]; ok {
 			continue
 		}
-		// The fresh session starts down: not a transition to count.
-		w.mu.Lock()
-		if s, ok := w.sessions[a]; ok {
-			s.State = bfdDown
+		var r *bfd.Saved
+		if s, ok := resume[a]; ok {
+			r = &s
 		}
-		w.mu.Unlock()
-	}
-}
-
-// pollBFD reads gobgp's BFD sessions and returns the peers whose session
-// went down while their BGP session was not established: gobgp's reset is
-// then queued for the next BGP session.
-func (w *bfdWatch) pollBFD(now time.Time) (restart []netip.Addr) {
-	type live struct {
-		state      string
-		sent, recv uint64
-	}
-	seen := map[netip.Addr]live{}
-	w.srv.ListBfdPeer(context.Background(), func(addr string, st *gapi.BfdPeerState) {
-		a, err := netip.ParseAddr(addr)
+		err := b.srv.Add(sessionConfig(a, c), r)
+		if err != nil && r != nil {
+			b.log.Error("resume the BFD session handed over; starting afresh (the router sees it go down)", "peer", a, "error", err)
+			r = nil
+			err = b.srv.Add(sessionConfig(a, c), nil)
+		}
 		if err != nil {
-			return
-		}
-		seen[a.Unmap()] = live{bfdState(st.GetSessionState()), st.GetBfdAsync().GetTransmittedPackets(), st.GetBfdAsync().GetReceivedPackets()}
-	})
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	for a, l := range seen {
-		s, ok := w.sessions[a]
-		if !ok {
-			// gobgp starts every session down. Every state has a
-			// count, zero included, so that metrics show the series
-			// before the first failure.
-			s = &BFDStatus{State: bfdDown, Transitions: map[string]uint64{}}
-			for _, st := range BFDStates {
-				s.Transitions[st] = 0
-			}
-			w.sessions[a] = s
-		}
-		s.PacketsSent, s.PacketsReceived = l.sent, l.recv
-		if l.state == s.State {
+			errs = append(errs, err)
 			continue
 		}
-		switch {
-		case s.State == bfdUp:
-			// gobgp has reset the BGP session by now: the router
-			// withdraws this box's routes on its own BFD down.
-			w.log.Warn("BFD session down: the BGP session is reset", "peer", a, "state", l.state)
-		case l.state == bfdUp:
-			w.log.Info("BFD session up", "peer", a)
-		}
-		if l.state == bfdDown && !w.bgp[a].up {
-			restart = append(restart, a)
-		}
-		s.State, s.Since = l.state, now
-		s.Transitions[l.state]++
-	}
-	for a, s := range w.sessions {
-		if _, ok := seen[a]; !ok && s.State != bfdDown {
-			// Removed from the configuration (or BFD turned off).
-			s.State, s.Since = bfdDown, now
-			s.Transitions[bfdDown]++
+		b.cfg[a] = c
+		if r != nil {
+			resumed = append(resumed, a)
 		}
 	}
-	return restart
+	return resumed, errors.Join(errs...)
 }
 
-// status copies the sessions' state.
-func (w *bfdWatch) status() map[netip.Addr]BFDStatus {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	out := make(map[netip.Addr]BFDStatus, len(w.sessions))
-	for a, s := range w.sessions {
-		c := *s
-		c.Transitions = maps.Clone(s.Transitions)
-		out[a] = c
+// status returns the sessions' state, with their configured timers.
+func (b *bfdSessions) status() map[netip.Addr]BFDStatus {
+	b.mu.Lock()
+	cfg := make(map[netip.Addr]config.BFD, len(b.cfg))
+	for a, c := range b.cfg {
+		cfg[a] = c
+	}
+	b.mu.Unlock()
+	out := map[netip.Addr]BFDStatus{}
+	for a, st := range b.srv.Status() {
+		c := cfg[a]
+		s := BFDStatus{State: st.State.String(), Since: st.Since, Transitions: map[string]uint64{},
+			PacketsSent: st.PacketsSent, PacketsReceived: st.PacketsReceived,
+			DetectMultiplier: c.DetectMultiplier, MinRxInterval: c.MinRxInterval, MinTxInterval: c.MinTxInterval}
+		for _, name := range BFDStates {
+			s.Transitions[name] = 0
+		}
+		for state, n := range st.Transitions {
+			s.Transitions[state.String()] = n
+		}
+		out[a] = s
 	}
 	return out
 }
 
-func (w *bfdWatch) stop() {
-	select {
-	case <-w.done:
-	default:
-		close(w.done)
+// resetBGP resets the BGP session with a after its BFD session went down,
+// if it is established: gobgp queues a reset of a session that is not and
+// applies it to the next one, which it would kill as it comes up.
+func (s *Speaker) resetBGP(a netip.Addr) {
+	s.mu.Lock()
+	stopped := s.stopped
+	s.mu.Unlock()
+	if stopped {
+		return
 	}
-	w.wg.Wait()
-}
-
-func bfdState(s gapi.BfdSessionState) string {
-	switch s {
-	case gapi.BfdSessionState_BFD_SESSION_STATE_UP:
-		return bfdUp
-	case gapi.BfdSessionState_BFD_SESSION_STATE_INIT:
-		return bfdInit
-	case gapi.BfdSessionState_BFD_SESSION_STATE_ADMIN_DOWN:
-		return bfdAdminDown
+	up := false
+	_ = s.srv.ListPeer(context.Background(), &gapi.ListPeerRequest{Address: a.String()}, func(p *gapi.Peer) {
+		up = p.GetState().GetSessionState() == gapi.PeerState_SESSION_STATE_ESTABLISHED
+	})
+	if !up {
+		return
 	}
-	return bfdDown
+	if err := s.srv.ResetPeer(context.Background(), &gapi.ResetPeerRequest{Address: a.String(), Communication: "BFD session down"}); err != nil {
+		s.log.Error("reset the BGP session after BFD went down", "peer", a, "error", err)
+	}
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/osrg/gobgp/v4/pkg/packet/bgp"
 	"github.com/osrg/gobgp/v4/pkg/server"
 
+	"github.com/l4lb/l4lb/lb/bfd"
 	"github.com/l4lb/l4lb/lb/config"
 )
 
@@ -36,6 +37,15 @@ type SpeakerOptions struct {
 	// routers that kept its routes stale keep them until it has announced
 	// again.
 	Restarting bool
+	// ResumeBFD are the BFD sessions the previous l4lbd handed over as it
+	// stopped (Stop), read back from the datapath that answered for them
+	// meanwhile. A configured peer's session is resumed, Up, so that the
+	// router never sees it go down.
+	ResumeBFD []bfd.Saved
+	// ReleaseBFD stops the datapath answering for a handed-over session,
+	// once this l4lbd's own session has taken it over (or the peer no
+	// longer has BFD), and returns how many packets it answered.
+	ReleaseBFD func(peer netip.Addr) (answered uint64, err error)
 }
 
 // Speaker announces VIPs over BGP with an embedded gobgp server: one /32
@@ -52,7 +62,7 @@ type Speaker struct {
 	peered  bool                     // peers added (after the first Set)
 	stopped bool
 
-	bfd *bfdWatch
+	bfd *bfdSessions
 }
 
 // NewSpeaker starts the BGP server for cfg. No session is opened before the
@@ -104,8 +114,46 @@ func NewSpeaker(cfg *config.BGP, opts SpeakerOptions) (*Speaker, error) {
 		return nil, fmt.Errorf("bgp: set the import policy: %w", err)
 	}
 	sp := &Speaker{log: log, srv: srv, restarting: opts.Restarting, cfg: *cfg, paths: map[netip.Addr]uuid.UUID{}}
-	sp.bfd = watchBFD(srv, log, sp.restartBFD)
+	if sp.bfd, err = newBFDSessions(log, bfd.Options{}, sp.resetBGP); err != nil {
+		srv.Stop()
+		return nil, fmt.Errorf("bgp: start BFD: %w", err)
+	}
+	if err := sp.startBFD(opts); err != nil {
+		sp.bfd.srv.Close()
+		srv.Stop()
+		return nil, err
+	}
 	return sp, nil
+}
+
+// startBFD starts the peers' BFD sessions, before any BGP session: a
+// session handed over by the previous l4lbd is resumed at once, and the
+// datapath stops answering for it.
+func (s *Speaker) startBFD(opts SpeakerOptions) error {
+	resume := map[netip.Addr]bfd.Saved{}
+	for _, r := range opts.ResumeBFD {
+		resume[r.Peer.Unmap()] = r
+	}
+	resumed, err := s.bfd.set(s.cfg.Peers, resume)
+	if err != nil {
+		return fmt.Errorf("bgp: start BFD: %w", err)
+	}
+	for a := range resume {
+		var answered uint64
+		if opts.ReleaseBFD != nil {
+			n, err := opts.ReleaseBFD(a)
+			if err != nil {
+				s.log.Error("stop the datapath answering BFD", "peer", a, "error", err)
+			}
+			answered = n
+		}
+		if slices.Contains(resumed, a) {
+			s.log.Info("BFD session resumed", "peer", a, "answered_by_datapath", answered)
+		} else {
+			s.log.Info("BFD session of the previous l4lbd dropped: the peer has no BFD now", "peer", a, "answered_by_datapath", answered)
+		}
+	}
+	return nil
 }
 
 // minLevel is the lowest level log lets through.
@@ -253,17 +301,6 @@ func (s *Speaker) peerOf(p config.BGPPeer) *gapi.Peer {
 	if p.Multihop > 0 {
 		gp.EbgpMultihop = &gapi.EbgpMultihop{Enabled: true, MultihopTtl: uint32(p.Multihop)}
 	}
-	if b := p.BFD; b.Enabled {
-		// gobgp's BFD resets the session (hard, with a NOTIFICATION)
-		// when the router stops answering; the router does the same on
-		// its side when this box does.
-		gp.Bfd = &gapi.BfdPeerConfig{
-			Enabled:                  true,
-			DetectionMultiplier:      uint32(b.DetectMultiplier),
-			RequiredMinimumReceive:   uint32(b.MinRxInterval / time.Microsecond),
-			DesiredMinimumTxInterval: uint32(b.MinTxInterval / time.Microsecond),
-		}
-	}
 	gr := s.cfg.GracefulRestart
 	if gr {
 		gp.GracefulRestart = &gapi.GracefulRestart{
@@ -294,35 +331,6 @@ func (s *Speaker) addPeerLocked(p config.BGPPeer) error {
 	}
 	s.log.Info("BGP peer configured", "peer", p.Address, "peer_asn", p.ASN)
 	return nil
-}
-
-// restartBFD removes the peer at a from gobgp and adds it again, if it has
-// BFD and its BGP session is not established: the new one starts with a
-// fresh BFD session and no queued reset (see bfdWatch.poll).
-func (s *Speaker) restartBFD(a netip.Addr) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.stopped || !s.peered {
-		return false
-	}
-	for _, p := range s.cfg.Peers {
-		if p.Address != a || !p.BFD.Enabled {
-			continue
-		}
-		up := false
-		_ = s.srv.ListPeer(context.Background(), &gapi.ListPeerRequest{Address: a.String()}, func(gp *gapi.Peer) {
-			up = gp.GetState().GetSessionState() == gapi.PeerState_SESSION_STATE_ESTABLISHED
-		})
-		if up {
-			return false
-		}
-		s.log.Info("BGP session down: configuring the peer afresh (new BFD session, no queued reset)", "peer", a)
-		if err := errors.Join(s.deletePeerLocked(a), s.addPeerLocked(p)); err != nil {
-			s.log.Error("configure the peer afresh", "peer", a, "error", err)
-		}
-		return true
-	}
-	return false
 }
 
 func (s *Speaker) deletePeerLocked(a netip.Addr) error {
@@ -377,6 +385,9 @@ func (s *Speaker) Reconfigure(cfg *config.BGP) (restartOnly []string, err error)
 			errs = append(errs, s.deletePeerLocked(a))
 		}
 	}
+	if _, err := s.bfd.set(next.Peers, nil); err != nil {
+		errs = append(errs, err)
+	}
 	if !slices.Equal(old.Communities, next.Communities) || !slices.Equal(old.LargeCommunities, next.LargeCommunities) ||
 		old.NextHop4 != next.NextHop4 || old.NextHop6 != next.NextHop6 {
 		// Announcing a prefix again replaces its attributes.
@@ -399,12 +410,15 @@ func (s *Speaker) MinHealthy() int {
 // routers have not moved yet still work), then closes the sessions with a
 // NOTIFICATION. With config.StopKeep it closes them without one, so that
 // routers that negotiated graceful restart keep the routes until the next
-// l4lbd has announced again.
-func (s *Speaker) Stop(action config.StopAction, drain time.Duration) {
+// l4lbd has announced again; then it also hands over the BFD sessions that
+// are up, stopping them without a word to the router, and returns them
+// for the datapath to answer until the next l4lbd resumes them (they keep
+// the router's BGP session alive only with graceful restart).
+func (s *Speaker) Stop(action config.StopAction, drain time.Duration) (handoff []bfd.Saved) {
 	s.mu.Lock()
 	if s.stopped {
 		s.mu.Unlock()
-		return
+		return nil
 	}
 	s.stopped = true
 	if action == config.StopDrain && len(s.paths) > 0 {
@@ -428,7 +442,11 @@ func (s *Speaker) Stop(action config.StopAction, drain time.Duration) {
 		s.log.Error("stop BGP", "error", err)
 	}
 	s.srv.Stop()
-	s.bfd.stop()
+	if keep && s.cfg.GracefulRestart {
+		return s.bfd.srv.Handoff()
+	}
+	s.bfd.srv.Close()
+	return nil
 }
 
 // PeerStatus is the state of one BGP session.
@@ -488,8 +506,7 @@ func (s *Speaker) Status() SpeakerStatus {
 		if p.BFD.Enabled {
 			b := bfd[p.Address]
 			if b.State == "" {
-				// Not registered with gobgp's BFD yet (before the
-				// first Set) or any more (stopped).
+				// No session (stopped, or its socket failed).
 				b.State = bfdDown
 			}
 			b.DetectMultiplier, b.MinRxInterval, b.MinTxInterval = p.BFD.DetectMultiplier, p.BFD.MinRxInterval, p.BFD.MinTxInterval

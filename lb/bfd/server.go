@@ -244,9 +244,6 @@ func (s *Server) Add(cfg Config, resume *Saved) error {
 	s.byDiscr[ss.localDiscr] = ss
 	s.wg.Add(1)
 	go s.run(ss)
-	if resume != nil {
-		s.log.Info("BFD session resumed", "peer", cfg.Peer, "local_discr", ss.localDiscr, "remote_discr", ss.remoteDiscr, "src_port", port)
-	}
 	return nil
 }
 

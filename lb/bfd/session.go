@@ -77,6 +77,16 @@ func (ss *session) resume(r *Saved) {
 	ss.remoteState = Up
 	ss.localDiscr, ss.remoteDiscr = r.LocalDiscr, r.RemoteDiscr
 	ss.remoteMult, ss.remoteMinRx, ss.remoteMinTx = r.RemoteDetectMultiplier, r.RemoteMinRx, r.RemoteMinTx
+	if ss.remoteMult == 0 || ss.remoteMinTx == 0 {
+		// Saved without the peer's timers: time it by our own until
+		// its first packet says (a detection time of 0 would expire
+		// at once).
+		ss.remoteMult, ss.remoteMinTx = ss.cfg.DetectMultiplier, ss.cfg.MinRx
+	}
+	if ss.remoteMinRx == 0 {
+		// 0 would mean "send nothing"; the peer said otherwise before.
+		ss.remoteMinRx = time.Microsecond
+	}
 	if r.MinTx > 0 && r.MinRx > 0 {
 		ss.advTx, ss.advRx = r.MinTx, r.MinRx
 		ss.txInForce, ss.rxInForce = r.MinTx, r.MinRx
@@ -111,6 +121,11 @@ func (ss *session) setTimers(tx, rx time.Duration) {
 		return
 	}
 	ss.advTx, ss.advRx = tx, rx
+	// Transmitting faster needs no acknowledgement (only a slower rate
+	// must wait for the Final): the peer times us by the value we
+	// advertise from the Poll on, and a lost Final must not leave us
+	// sending slower than that.
+	ss.txInForce = min(ss.txInForce, tx)
 	ss.rxInForce = max(ss.rxInForce, rx)
 	ss.polling = true
 }

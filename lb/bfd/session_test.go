@@ -94,7 +94,9 @@ func TestPollSequence(t *testing.T) {
 	}
 	check("init", slowTx, slowTx, false)
 	peer(Up, false, false)
-	check("up", testInterval, slowTx, true)
+	// A faster rate applies at once (RFC 5880 6.8.3: only a slower one
+	// waits for the Final), so a lost Final cannot leave us too slow.
+	check("up", testInterval, testInterval, true)
 	if p := ss.packet(); !p.poll || p.minTx != micros(testInterval) {
 		t.Errorf("packet while polling %+v, want P and the new interval", p)
 	}
@@ -150,8 +152,9 @@ func TestIPv6(t *testing.T) {
 }
 
 // TestResumeWithNewTimers resumes a session whose configuration changed
-// across the restart: the saved values stay in force until the peer
-// acknowledges the new ones.
+// across the restart: the faster transmit interval applies at once, the
+// saved receive interval stays in force until the peer acknowledges the
+// new one.
 func TestResumeWithNewTimers(t *testing.T) {
 	s, _ := newServer(t, addrA, freePort(t))
 	ss := newSession(testConfig(addrA, addrB, testMult), nil, 0)
@@ -164,8 +167,8 @@ func TestResumeWithNewTimers(t *testing.T) {
 	before := time.Now()
 	ss.resume(&saved)
 	after := time.Now()
-	if ss.state != Up || !ss.polling || ss.txInForce != 200*time.Millisecond || ss.rxInForce != 200*time.Millisecond {
-		t.Fatalf("resumed: state %s polling %v tx %v rx %v, want up, polling, the saved 200ms", ss.state, ss.polling, ss.txInForce, ss.rxInForce)
+	if ss.state != Up || !ss.polling || ss.txInForce != testInterval || ss.rxInForce != 200*time.Millisecond {
+		t.Fatalf("resumed: state %s polling %v tx %v rx %v, want up, polling, tx %v, the saved rx 200ms", ss.state, ss.polling, ss.txInForce, ss.rxInForce, testInterval)
 	}
 	// The peer's 3 × max(our 200 ms, its 100 ms).
 	const want = 600 * time.Millisecond
@@ -180,5 +183,27 @@ func TestResumeWithNewTimers(t *testing.T) {
 	handleLocked(s, ss, &p)
 	if ss.polling || ss.txInForce != testInterval || ss.rxInForce != testInterval {
 		t.Errorf("after Final: polling %v tx %v rx %v, want %v", ss.polling, ss.txInForce, ss.rxInForce, testInterval)
+	}
+}
+
+// TestResumeWithoutPeerTimers resumes from a Saved that lacks the peer's
+// timers: the session is timed by its own until the peer's first packet,
+// rather than expiring at once or never transmitting.
+func TestResumeWithoutPeerTimers(t *testing.T) {
+	ss := newSession(testConfig(addrA, addrB, testMult), nil, 0)
+	t.Cleanup(func() { ss.detect.Stop() })
+	before := time.Now()
+	ss.resume(&Saved{Peer: addrB, LocalDiscr: 1, RemoteDiscr: 42})
+	if ss.state != Up {
+		t.Fatalf("state %s, want up", ss.state)
+	}
+	if want := before.Add(testMult * testInterval); ss.detectAt.Before(want) {
+		t.Errorf("detection in %v, want at least %v", ss.detectAt.Sub(before), want.Sub(before))
+	}
+	if ss.remoteMinRx == 0 {
+		t.Error("the peer's RequiredMinRx is 0: the session would not transmit")
+	}
+	if d := ss.interval(); d <= 0 || d > testInterval {
+		t.Errorf("transmit interval %v, want at most %v", d, testInterval)
 	}
 }

@@ -15,7 +15,9 @@ import (
 	"github.com/l4lb/l4lb/lb"
 	"github.com/l4lb/l4lb/lb/announce"
 	"github.com/l4lb/l4lb/lb/api"
+	"github.com/l4lb/l4lb/lb/bfd"
 	"github.com/l4lb/l4lb/lb/config"
+	"github.com/l4lb/l4lb/lb/datapath"
 	"github.com/l4lb/l4lb/lb/health"
 	"github.com/l4lb/l4lb/lb/plan"
 )
@@ -52,11 +54,22 @@ func (d *Daemon) startAnnouncers(ctx context.Context, wg *sync.WaitGroup, cfg *c
 	a := &announcers{recheck: time.NewTimer(time.Hour)}
 	a.recheck.Stop()
 	if cfg.BGP != nil {
-		s, err := announce.NewSpeaker(cfg.BGP, announce.SpeakerOptions{Log: d.log, Restarting: restarting && cfg.BGP.GracefulRestart})
+		held, err := d.dp.HeldBFD()
+		if err != nil {
+			d.log.Error("read the BFD sessions the previous l4lbd handed over; they start afresh", "error", err)
+		}
+		s, err := announce.NewSpeaker(cfg.BGP, announce.SpeakerOptions{Log: d.log, Restarting: restarting && cfg.BGP.GracefulRestart,
+			ResumeBFD: savedBFD(held), ReleaseBFD: d.dp.ReleaseBFD})
 		if err != nil {
 			return err
 		}
 		a.bgp = s
+	} else if held, err := d.dp.HeldBFD(); err == nil {
+		for _, h := range held {
+			if _, err := d.dp.ReleaseBFD(h.Peer); err != nil {
+				d.log.Error("stop the datapath answering BFD", "peer", h.Peer, "error", err)
+			}
+		}
 	}
 	if cfg.L2 != nil {
 		r, err := announce.NewResponder(cfg.L2, d.log)
@@ -82,10 +95,46 @@ func (d *Daemon) startAnnouncers(ctx context.Context, wg *sync.WaitGroup, cfg *c
 // routes to the routers' graceful restart. The L2 responder answers until
 // Run's context ends, after this.
 func (d *Daemon) stopAnnouncers() {
-	if a := d.ann; a != nil && a.bgp != nil {
-		b := d.cfg.BGP
-		a.bgp.Stop(b.OnStop, b.DrainTime)
+	a := d.ann
+	if a == nil || a.bgp == nil {
+		return
 	}
+	b := d.cfg.BGP
+	handoff := a.bgp.Stop(b.OnStop, b.DrainTime)
+	if len(handoff) == 0 {
+		return
+	}
+	// The routers keep this box's routes for restart_time (graceful
+	// restart); its BFD sessions must stay up as long, or a router that
+	// ties BGP to BFD withdraws them at once.
+	holds := make([]datapath.BFDHold, 0, len(handoff))
+	peers := make([]netip.Addr, 0, len(handoff))
+	for _, h := range handoff {
+		holds = append(holds, datapath.BFDHold{Peer: h.Peer, LocalDiscr: h.LocalDiscr, RemoteDiscr: h.RemoteDiscr, SrcPort: h.SrcPort,
+			DetectMultiplier: h.DetectMultiplier, MinTx: h.MinTx, MinRx: h.MinRx,
+			RemoteDetectMultiplier: h.RemoteDetectMultiplier, RemoteMinTx: h.RemoteMinTx, RemoteMinRx: h.RemoteMinRx})
+		peers = append(peers, h.Peer)
+	}
+	if d.cfg.Datapath.Attach == config.AttachTC {
+		d.log.Warn("the datapath runs at tc, which cannot answer BFD: routers that tie BGP to BFD withdraw this box until the next l4lbd is up; attach at XDP to keep the sessions up", "peers", peers)
+		return
+	}
+	if err := d.dp.HoldBFD(holds, b.RestartTime); err != nil {
+		d.log.Error("hand the BFD sessions to the datapath; routers that tie BGP to BFD withdraw this box until the next l4lbd is up", "error", err)
+		return
+	}
+	d.log.Info("the datapath answers BFD for this box until the next l4lbd resumes the sessions", "peers", peers, "for", b.RestartTime)
+}
+
+// savedBFD turns the sessions the datapath held into lb/bfd's form.
+func savedBFD(held []datapath.BFDHold) []bfd.Saved {
+	var out []bfd.Saved
+	for _, h := range held {
+		out = append(out, bfd.Saved{Peer: h.Peer, LocalDiscr: h.LocalDiscr, RemoteDiscr: h.RemoteDiscr, SrcPort: h.SrcPort,
+			DetectMultiplier: h.DetectMultiplier, MinTx: h.MinTx, MinRx: h.MinRx,
+			RemoteDetectMultiplier: h.RemoteDetectMultiplier, RemoteMinTx: h.RemoteMinTx, RemoteMinRx: h.RemoteMinRx})
+	}
+	return out
 }
 
 // announceInputs is what the announcers need of every served service,

@@ -26,6 +26,10 @@ type BFDHold struct {
 	// DetectMultiplier, MinTx and MinRx are l4lbd's timers as it sent them.
 	DetectMultiplier uint8
 	MinTx, MinRx     time.Duration
+	// The router's timers as it last sent them, for the next l4lbd (the
+	// datapath does not read them).
+	RemoteDetectMultiplier   uint8
+	RemoteMinTx, RemoteMinRx time.Duration
 	// Until is when the datapath stops answering (read back only).
 	Until time.Time
 	// Answered counts the control packets the datapath answered (read
@@ -61,6 +65,10 @@ func (d *LB) HoldBFD(sessions []BFDHold, hold time.Duration) error {
 			MinRxUs:     uint32(s.MinRx / time.Microsecond),
 			SrcPort:     s.SrcPort,
 			DetectMult:  s.DetectMultiplier,
+
+			RemoteMinTxUs:    uint32(s.RemoteMinTx / time.Microsecond),
+			RemoteMinRxUs:    uint32(s.RemoteMinRx / time.Microsecond),
+			RemoteDetectMult: s.RemoteDetectMultiplier,
 		}
 		if err := d.bfdHold.Update(&k, &v, ebpf.UpdateAny); err != nil {
 			return fmt.Errorf("datapath: hold the BFD session with %s: %w", s.Peer, err)
@@ -98,8 +106,12 @@ func (d *LB) HeldBFD() ([]BFDHold, error) {
 			DetectMultiplier: v.DetectMult,
 			MinTx:            time.Duration(v.MinTxUs) * time.Microsecond,
 			MinRx:            time.Duration(v.MinRxUs) * time.Microsecond,
-			Until:            wall.Add(time.Duration(v.Until - now)),
-			Answered:         v.Answered,
+
+			RemoteDetectMultiplier: v.RemoteDetectMult,
+			RemoteMinTx:            time.Duration(v.RemoteMinTxUs) * time.Microsecond,
+			RemoteMinRx:            time.Duration(v.RemoteMinRxUs) * time.Microsecond,
+			Until:                  wall.Add(time.Duration(v.Until - now)),
+			Answered:               v.Answered,
 		})
 	}
 	if err := it.Err(); err != nil {

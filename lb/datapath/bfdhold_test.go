@@ -29,7 +29,7 @@ type bfdControl struct {
 
 func (c bfdControl) bytes() []byte {
 	b := make([]byte, 24)
-	b[0] = c.version<<5 | 0
+	b[0] = c.version << 5 // diagnostic 0
 	b[1] = c.state << 6
 	if c.poll {
 		b[1] |= 0x20
@@ -96,7 +96,8 @@ func TestBFDHold(t *testing.T) {
 				return e.frame(t, p)
 			}
 			hold := datapath.BFDHold{Peer: router, LocalDiscr: heldLocal, RemoteDiscr: heldRemote, SrcPort: heldSrcPort,
-				DetectMultiplier: 3, MinTx: 300 * time.Millisecond, MinRx: 250 * time.Millisecond}
+				DetectMultiplier: 3, MinTx: 300 * time.Millisecond, MinRx: 250 * time.Millisecond,
+				RemoteDetectMultiplier: 4, RemoteMinTx: 200 * time.Millisecond, RemoteMinRx: 100 * time.Millisecond}
 			up := frame(routerUp(), nil)
 
 			// Nothing held: the stack's.
@@ -143,7 +144,8 @@ func TestBFDHold(t *testing.T) {
 				t.Fatalf("HeldBFD = %+v, %v; want the session", held, err)
 			}
 			if h := held[0]; h.Peer != router || h.LocalDiscr != heldLocal || h.RemoteDiscr != heldRemote || h.SrcPort != heldSrcPort ||
-				h.MinTx != hold.MinTx || h.MinRx != hold.MinRx || h.DetectMultiplier != 3 || h.Answered != 2 || time.Until(h.Until) < 30*time.Second {
+				h.MinTx != hold.MinTx || h.MinRx != hold.MinRx || h.DetectMultiplier != 3 || h.Answered != 2 || time.Until(h.Until) < 30*time.Second ||
+				h.RemoteDetectMultiplier != 4 || h.RemoteMinTx != hold.RemoteMinTx || h.RemoteMinRx != hold.RemoteMinRx {
 				t.Errorf("HeldBFD = %+v; want %+v, answered 2, about a minute left", h, hold)
 			}
 			n, err := e.lb.ReleaseBFD(router)
