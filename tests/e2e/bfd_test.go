@@ -328,10 +328,9 @@ func TestBFDFailover(t *testing.T) {
 	}) {
 		return
 	}
-	// restart restarts lb1 (SIGTERM, on_stop = "keep", start again) under
-	// load and returns the router's next-hop sets seen meanwhile.
-	restart := func(t *testing.T) [][]netip.Addr {
-		d := boxes[0]
+	// restart restarts box d (SIGTERM, on_stop = "keep", start again)
+	// under load and returns the router's next-hop sets seen meanwhile.
+	restart := func(t *testing.T, d *topo.L4LBD) [][]netip.Addr {
 		w := watchFIB(t, tp, bfdVIP)
 		load := startLoad(t, tp.Client, web, 0)
 		start := time.Now()
@@ -342,8 +341,8 @@ func TestBFDFailover(t *testing.T) {
 		time.Sleep(time.Second)
 		seen := w.finish()
 		load.finish()
-		t.Logf("MEASURE planned restart of lb1: BFD up and both next hops back after %s; router next hops seen %v; %d new connections ok, %d failed",
-			took.Round(time.Millisecond), seen, load.newOK.Load(), load.newFailed.Load())
+		t.Logf("MEASURE planned restart of %s: BFD up and both next hops back after %s; router next hops seen %v; %d new connections ok, %d failed",
+			d.Host.Name, took.Round(time.Millisecond), seen, load.newOK.Load(), load.newFailed.Load())
 		if load.newFailed.Load() > 0 {
 			t.Errorf("%d new connections failed during the restart: %v", load.newFailed.Load(), load.failures)
 		}
@@ -355,29 +354,37 @@ func TestBFDFailover(t *testing.T) {
 		// BFD session to the datapath, which answers the router's
 		// control packets until the next l4lbd resumes the same
 		// session, so BIRD's BFD never goes down and graceful restart
-		// keeps lb1's route throughout.
-		for _, nh := range restart(t) {
-			if len(nh) != 2 {
-				proto, _ := router.Show("show", "protocols", "all", lb1.Name)
-				t.Fatalf("the router withdrew lb1 during a planned restart with bfd on: %v\n%s", nh, proto)
+		// keeps the box's route throughout.
+		withdrawn := 0
+		for i := range trials {
+			d := boxes[i%2]
+			since := time.Now()
+			for _, nh := range restart(t, d) {
+				if len(nh) != 2 {
+					withdrawn++
+					proto, _ := router.Show("show", "protocols", "all", d.Host.Name)
+					t.Errorf("trial %d: the router withdrew %s during a planned restart with bfd on: %v\n%s", i, d.Host.Name, nh, proto)
+					break
+				}
 			}
+			if at, ok := birdBFDDown(router, d.Host.Name, since); ok {
+				t.Errorf("trial %d: BIRD saw BFD with %s go down during the planned restart, at %s", i, d.Host.Name, at.Format("15:04:05.000"))
+			}
+			log := d.Log()
+			at := strings.LastIndex(log, "msg=\"BFD session resumed\"")
+			if at < 0 {
+				t.Fatalf("trial %d: %s did not resume its BFD session after the restart; log:\n%s", i, d.Host.Name, tail(log))
+			}
+			line := log[at:]
+			if j := strings.IndexByte(line, '\n'); j >= 0 {
+				line = line[:j]
+			}
+			if strings.Contains(line, "answered_by_datapath=0") {
+				t.Errorf("trial %d: the datapath answered no BFD packet during the restart: %s", i, line)
+			}
+			t.Logf("MEASURE planned restart trial %d (%s) with bfd on: %s", i, d.Host.Name, line)
 		}
-		if proto, _ := router.Show("show", "protocols", "all", lb1.Name); strings.Contains(proto, "BFD session down") {
-			t.Errorf("BIRD saw BFD go down during the planned restart:\n%s", proto)
-		}
-		log := boxes[0].Log()
-		i := strings.LastIndex(log, "BFD session resumed")
-		if i < 0 {
-			t.Fatalf("lb1 did not resume its BFD session after the restart; log:\n%s", tail(log))
-		}
-		line := log[i:]
-		if j := strings.IndexByte(line, '\n'); j >= 0 {
-			line = line[:j]
-		}
-		if strings.Contains(line, "answered_by_datapath=0") {
-			t.Errorf("the datapath answered no BFD packet during the restart: %s", line)
-		}
-		t.Logf("MEASURE planned restart with bfd on: %s", line)
+		t.Logf("MEASURE planned restarts with bfd on: %d of %d withdrawn", withdrawn, trials)
 	}) {
 		return
 	}
