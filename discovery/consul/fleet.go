@@ -3,8 +3,8 @@
 package consul
 
 import (
+	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -23,11 +23,12 @@ import (
 )
 
 // The fleet check's Consul side (docs/scale-out.md): each box writes its
-// fleet.Box as JSON to KVPrefix+name, held by a session of its own with
-// behaviour "delete", so that the record goes when the box does (its
-// session expires after the TTL, or its agent's node fails); and it watches
-// the whole prefix with a blocking query, so that another box's change is
-// seen as soon as Consul has it.
+// fleet.Box as JSON under KVPrefix+name (a header and shards of services,
+// fleet_record.go), every key held by a session of its own with behaviour
+// "delete", so that the record goes when the box does (its session expires
+// after the TTL, or its agent's node fails); and it watches the whole
+// prefix with a blocking query, so that another box's change is seen as
+// soon as Consul has it.
 
 // sessionPrefix names the sessions that hold fleet records: a box that
 // restarts after a crash recognises its previous session by it.
@@ -53,6 +54,10 @@ const publishEvery = time.Second
 // operators asking where it went.
 const goneFor = time.Hour
 
+// writeStats count what a Fleet wrote to Consul: transactions, keys
+// written or deleted, and bytes of values (before base64).
+type writeStats struct{ txns, keys, bytes int }
+
 // FleetStatus says how current the fleet view is.
 type FleetStatus struct {
 	// LastSync is when Consul last answered the watch.
@@ -76,10 +81,9 @@ type Fleet struct {
 
 	wake chan struct{}
 	mu   sync.Mutex
-	// local is the record to publish (nil: none yet); published the
-	// encoding of the one Consul holds.
+	// local is the record to publish (nil: none yet).
 	local            *fleet.Box
-	published        []byte
+	wrote            writeStats
 	boxes            []fleet.Box
 	gone             map[string]time.Time
 	lastSync         time.Time
@@ -183,8 +187,12 @@ func (f *Fleet) publishLoop(ctx context.Context) {
 		stopRen chan struct{}
 		retry   = f.opts.RetryMin
 		lim     = rate.NewLimiter(rate.Every(publishEvery), 1)
-		encoded *fleet.Box // the record data encodes
-		data    []byte
+		encoded *fleet.Box // the record want lays out
+		want    map[string][]byte
+		shards  int // want's number of shards
+		// have is what the session holds, as written: a key is written
+		// again only when its value differs.
+		have map[string][]byte
 	)
 	defer func() {
 		if session == "" {
@@ -217,40 +225,39 @@ func (f *Fleet) publishLoop(ctx context.Context) {
 				}
 				close(lost)
 			}(id, lost, stopRen)
-			f.mu.Lock()
-			f.published = nil
-			f.mu.Unlock()
+			// The previous session's keys went with it.
+			have = map[string][]byte{}
 		}
 		f.mu.Lock()
-		local, published := f.local, f.published
+		local := f.local
 		f.mu.Unlock()
 		if local != encoded {
-			// A record is encoded and written whole: under a stream
-			// of changes, one a second carries them all. The newest
-			// is taken after the wait.
+			// A record is encoded whole and written where it
+			// changed: under a stream of changes, one a second
+			// carries them all. The newest is taken after the wait.
 			if lim.Wait(ctx) != nil {
 				return
 			}
 			f.mu.Lock()
 			local = f.local
 			f.mu.Unlock()
-			d, err := json.Marshal(local)
-			if err != nil {
-				f.log.Error("fleet check: cannot encode this box's record", "error", err)
+			encoded, want = local, nil
+			if w, n, err := encodeRecord(f.key(), local, shards); err != nil {
+				// What Consul holds stays; a record that fits
+				// clears the error.
+				f.setErr(&f.pubErr, err)
+			} else {
+				want, shards = w, n
 			}
-			encoded, data = local, d
 		}
-		if data != nil && string(data) != string(published) {
-			if err := f.write(ctx, session, data); err != nil {
+		if want != nil && !maps.EqualFunc(want, have, bytes.Equal) {
+			if err := f.write(ctx, session, want, have); err != nil {
 				f.setErr(&f.pubErr, err)
 				if !f.backoff(ctx, &retry) {
 					return
 				}
 				continue
 			}
-			f.mu.Lock()
-			f.published = data
-			f.mu.Unlock()
 			f.setErr(&f.pubErr, nil)
 			retry = f.opts.RetryMin
 		}
@@ -278,47 +285,78 @@ func (f *Fleet) createSession(ctx context.Context) (string, error) {
 	return id, nil
 }
 
-// write puts the record under the session. A key still held by this box's
-// previous session (l4lbd crashed or was killed, and the session has not
-// expired) is taken back; one held by another box means two boxes share a
-// name.
-func (f *Fleet) write(ctx context.Context, session string, data []byte) error {
-	kv := f.client.KV()
+// write makes the session hold want: it writes the keys whose values
+// differ from have and deletes the keys of have that want lacks, in as few
+// transactions as Consul's limits allow, and updates have as each one
+// succeeds.
+func (f *Fleet) write(ctx context.Context, session string, want, have map[string][]byte) error {
+	for _, ops := range txnBatches(recordOps(f.key(), session, want, have)) {
+		if err := f.commit(ctx, ops); err != nil {
+			return err
+		}
+		st := writeStats{txns: 1}
+		for _, op := range ops {
+			if op.KV.Verb == api.KVDelete {
+				delete(have, op.KV.Key)
+			} else {
+				have[op.KV.Key] = op.KV.Value
+			}
+			st.keys++
+			st.bytes += len(op.KV.Value)
+		}
+		f.mu.Lock()
+		f.wrote.txns, f.wrote.keys, f.wrote.bytes = f.wrote.txns+st.txns, f.wrote.keys+st.keys, f.wrote.bytes+st.bytes
+		f.mu.Unlock()
+	}
+	return nil
+}
+
+// commit applies one transaction. A key still held by this box's previous
+// session (l4lbd crashed or was killed, and the session has not expired)
+// is taken back, by destroying that session, which removes every key it
+// held; one held by another box means two boxes share a name.
+func (f *Fleet) commit(ctx context.Context, ops api.TxnOps) error {
 	wo := (&api.WriteOptions{}).WithContext(ctx)
+	qo := (&api.QueryOptions{}).WithContext(ctx)
+	key, what := ops[0].KV.Key, ""
 	for attempt := 0; attempt < 2; attempt++ {
-		ok, _, err := kv.Acquire(&api.KVPair{Key: f.key(), Value: data, Session: session}, wo)
-		if err != nil && len(data) > consulKVMaxValue {
-			return fmt.Errorf("fleet: write %s: %w (this box's record is %d KiB; Consul refuses values over its limits.kv_max_value_size, 512 KiB unless raised: raise it on the Consul servers, or set fleet.publish = false)",
-				f.key(), err, len(data)>>10)
+		ok, resp, _, err := f.client.Txn().Txn(ops, qo)
+		if err != nil && strings.Contains(err.Error(), "too large") {
+			return fmt.Errorf("fleet: write %d keys of this box's record in one transaction: %w (the Consul servers' txn_max_req_len or kv_max_value_size is below the 512 KiB default this box writes within: restore it, or set fleet.publish = false)", len(ops), err)
 		}
 		if err != nil {
-			return fmt.Errorf("fleet: write %s: %w", f.key(), err)
+			return fmt.Errorf("fleet: write %d keys of this box's record in one transaction: %w", len(ops), err)
 		}
 		if ok {
 			return nil
 		}
-		pair, _, err := kv.Get(f.key(), (&api.QueryOptions{}).WithContext(ctx))
+		if resp == nil || len(resp.Errors) == 0 || resp.Errors[0].OpIndex >= len(ops) {
+			continue
+		}
+		key, what = ops[resp.Errors[0].OpIndex].KV.Key, resp.Errors[0].What
+		pair, _, err := f.client.KV().Get(key, qo)
 		if err != nil || pair == nil || pair.Session == "" {
 			continue
 		}
-		info, _, err := f.client.Session().Info(pair.Session, (&api.QueryOptions{}).WithContext(ctx))
+		info, _, err := f.client.Session().Info(pair.Session, qo)
 		if err != nil || info == nil {
 			continue
 		}
 		if info.Name != sessionPrefix+f.name {
-			return fmt.Errorf("fleet: %s is held by session %q: another box uses the name %q; give each box its own fleet.name", f.key(), info.Name, f.name)
+			return fmt.Errorf("fleet: %s is held by session %q: another box uses the name %q; give each box its own fleet.name", key, info.Name, f.name)
 		}
-		f.log.Info("fleet check: taking this box's record back from its previous session", "session", pair.Session)
+		f.log.Info("fleet check: taking this box's record back from its previous session", "session", pair.Session, "key", key)
 		if _, err := f.client.Session().Destroy(pair.Session, wo); err != nil {
 			return fmt.Errorf("fleet: remove the previous session: %w", err)
 		}
 	}
-	return fmt.Errorf("fleet: %s stays held by another session", f.key())
+	return fmt.Errorf("fleet: %s stays held by another session (%s)", key, what)
 }
 
 // watchLoop keeps the view of every box's record current.
 func (f *Fleet) watchLoop(ctx context.Context) {
 	var index uint64
+	var cache map[string]decodedShard
 	retry := f.opts.RetryMin
 	for ctx.Err() == nil {
 		q := (&api.QueryOptions{WaitIndex: index, WaitTime: f.opts.Wait, AllowStale: true}).WithContext(ctx)
@@ -336,19 +374,10 @@ func (f *Fleet) watchLoop(ctx context.Context) {
 		}
 		retry = f.opts.RetryMin
 		now := time.Now()
-		var boxes []fleet.Box
-		for _, p := range pairs {
-			// A record no session holds belongs to no live box.
-			if p.Session == "" || strings.Contains(strings.TrimPrefix(p.Key, f.cfg.KVPrefix), "/") {
-				continue
-			}
-			var b fleet.Box
-			if err := json.Unmarshal(p.Value, &b); err != nil || b.Name == "" {
-				f.log.Warn("fleet check: ignoring a record that is not a fleet box", "key", p.Key, "error", err)
-				continue
-			}
-			b.Seen = now
-			boxes = append(boxes, b)
+		boxes, next := assembleBoxes(f.cfg.KVPrefix, pairs, cache, f.log)
+		cache = next
+		for i := range boxes {
+			boxes[i].Seen = now
 		}
 		f.mu.Lock()
 		f.gone = goneBoxes(f.gone, f.boxes, boxes, now)

@@ -27,6 +27,10 @@ type Box struct {
 	Version         string    `json:"version,omitempty"`
 	SeedFingerprint string    `json:"seed_fingerprint"`
 	Services        []Service `json:"services"`
+	// Shards is how many KV values the services are split across where
+	// the box publishes its record in Consul (discovery/consul): 0 when
+	// they are in Services. Readers get Services whole either way.
+	Shards int `json:"shards,omitempty"`
 	// Updated is when the box last changed its record.
 	Updated time.Time `json:"updated,omitzero"`
 	// Seen is when the reader last found the record held by a running
