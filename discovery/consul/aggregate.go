@@ -66,7 +66,7 @@ func (s *Source) switchModeLocked(aggregate bool, n int) {
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
-			s.loop(ctx, "health state", s.healthFetch())
+			s.loop(ctx, "health state", s.optsWait, s.healthFetch())
 		}()
 		return
 	}

@@ -33,6 +33,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/consul/api"
@@ -133,6 +134,8 @@ type Source struct {
 	problems   map[string][]string // origin -> problems, from the last build
 	run        context.Context     // Run's context, for watchers started later
 	wg         sync.WaitGroup      // every goroutine Run started
+	// serviceWatches counts the services' own watch loops (serviceWait).
+	serviceWatches atomic.Int64
 
 	claimSet *claims // Run's goroutine only
 
@@ -304,7 +307,7 @@ func (s *Source) spawn(watch string, fetch fetchFunc) {
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
-		s.loop(s.run, watch, fetch)
+		s.loop(s.run, watch, s.optsWait, fetch)
 	}()
 }
 

@@ -31,7 +31,28 @@ type fetchFunc func(q *api.QueryOptions) (index uint64, apply func(), err error)
 // backwards (a restored or replaced server), and never block on 0, which
 // Consul answers at once. Every query waits for a token of the loop's
 // bucket, so a service that changes constantly cannot make the loop spin.
-func (s *Source) loop(ctx context.Context, watch string, fetch fetchFunc) {
+// maxWait is the longest wait Consul accepts for a blocking query.
+const maxWait = 10 * time.Minute
+
+// serviceAnswersPerSecond bounds how often the services' own watches come
+// back with nothing new, all together: each blocking query that times out
+// is an answer the agent encodes and l4lbd decodes for nothing. With
+// 10,000 services at a one-minute wait that was 167 a second, 60–230 ms of
+// l4lbd's CPU every second; the wait of those watches grows with their
+// number instead (serviceWait). Changes are answered at once whatever the
+// wait.
+const serviceAnswersPerSecond = 20
+
+// serviceWait is the wait of one service's blocking query: Options.Wait,
+// or longer when the services watched one by one are many, up to Consul's
+// maximum. The catalog and KV watches keep Options.Wait: they are what
+// notices an agent that stopped answering.
+func (s *Source) serviceWait() time.Duration {
+	d := time.Duration(s.serviceWatches.Load()) * time.Second / serviceAnswersPerSecond
+	return min(max(s.opts.Wait, d), max(s.opts.Wait, maxWait))
+}
+
+func (s *Source) loop(ctx context.Context, watch string, waitFor func() time.Duration, fetch fetchFunc) {
 	lim := rate.NewLimiter(rate.Every(s.opts.MinInterval), s.opts.Burst)
 	var index uint64
 	retry := s.opts.RetryMin
@@ -39,7 +60,8 @@ func (s *Source) loop(ctx context.Context, watch string, fetch fetchFunc) {
 		if lim.Wait(ctx) != nil {
 			return
 		}
-		wait := s.opts.Wait - rand.N(s.opts.Wait/16+1)
+		longest := waitFor()
+		wait := longest - rand.N(longest/16+1)
 		q := &api.QueryOptions{AllowStale: s.cfg.Stale, Datacenter: s.cfg.Datacenter, WaitIndex: index, WaitTime: wait}
 		rctx, cancel := context.WithTimeout(ctx, wait+wait/16+requestGrace)
 		got, apply, err := fetch(q.WithContext(rctx))
@@ -256,9 +278,11 @@ func (s *Source) watchServiceLocked(name string, w *watched) {
 	ctx, cancel := context.WithCancel(s.run)
 	w.cancel = cancel
 	s.wg.Add(1)
+	s.serviceWatches.Add(1)
 	go func() {
 		defer s.wg.Done()
-		s.loop(ctx, serviceWatch(name), s.serviceFetch(name, w))
+		defer s.serviceWatches.Add(-1)
+		s.loop(ctx, serviceWatch(name), s.serviceWait, s.serviceFetch(name, w))
 	}()
 	s.log.Debug("watching Consul service", "service", name)
 }
@@ -305,3 +329,6 @@ func (s *Source) setKV(pairs api.KVPairs) {
 	s.mu.Unlock()
 	s.notify()
 }
+
+// optsWait is the wait of the catalog, KV and health-state watches.
+func (s *Source) optsWait() time.Duration { return s.opts.Wait }
