@@ -313,6 +313,7 @@ func (s *Source) setKV(pairs api.KVPairs) {
 	old := s.kv
 	s.mu.Unlock()
 	next := make(map[string]kvEntry, len(pairs))
+	same := old != nil
 	for _, p := range pairs {
 		if p == nil || strings.HasSuffix(p.Key, "/") {
 			continue // a folder, not a definition
@@ -321,7 +322,16 @@ func (s *Source) setKV(pairs api.KVPairs) {
 			next[p.Key] = e
 			continue
 		}
+		same = false
 		next[p.Key] = kvEntry{modify: p.ModifyIndex, tr: fromKV(p.Key, p.Value, s.opts.Defaults)}
+	}
+	if same && len(next) == len(old) {
+		// Consul answers a prefix's list with an index that moves with
+		// writes elsewhere in the KV store (with no key under the
+		// prefix, the whole store's): the boxes' fleet records, written
+		// every second under a stream of changes, would otherwise make
+		// each answer a full rebuild of every service.
+		return
 	}
 	s.mu.Lock()
 	s.kv = next
