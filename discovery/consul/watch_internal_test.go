@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/consul/api"
+
+	"github.com/l4lb/l4lb/lb/config"
 )
 
 // TestServiceWait: the services' own watches wait Options.Wait while few,
@@ -73,6 +75,32 @@ func TestSetKVUnchanged(t *testing.T) {
 		}
 		if s.kv == nil {
 			t.Fatalf("%s: no KV view after an answer", step.name)
+		}
+	}
+}
+
+// TestLocalAgentUncompressed: answers from an agent on this box are not
+// gzipped (CPU on both ends for nothing); from another host they may be.
+func TestLocalAgentUncompressed(t *testing.T) {
+	for _, tt := range []struct {
+		address string
+		local   bool
+	}{
+		{"127.0.0.1:8500", true},
+		{"localhost:8500", true},
+		{"[::1]:8500", true},
+		{"unix:///run/consul/http.sock", true},
+		{"127.0.0.1", true},
+		{"10.0.0.5:8500", false},
+		{"consul.service.example:8500", false},
+	} {
+		ac, err := clientConfig(&config.Consul{Address: tt.address})
+		if err != nil {
+			t.Fatal(err)
+		}
+		uncompressed := ac.Transport != nil && ac.Transport.DisableCompression
+		if uncompressed != tt.local {
+			t.Errorf("%s: compression disabled %v, want %v", tt.address, uncompressed, tt.local)
 		}
 	}
 }
