@@ -116,6 +116,14 @@ func upPair(t *testing.T, mult uint8) (a, b *Server, ra, rb *recorder, port int)
 	}
 	waitState(t, a, addrB, Up)
 	waitState(t, b, addrA, Up)
+	// notify runs after Status shows Up: wait until both were told, so
+	// that a test counting notifications from here counts only its own.
+	for _, r := range []*recorder{ra, rb} {
+		waitFor(t, "the notification up", func() bool {
+			got := r.get()
+			return len(got) > 0 && strings.HasSuffix(got[len(got)-1], "->up")
+		})
+	}
 	return a, b, ra, rb, port
 }
 

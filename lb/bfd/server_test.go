@@ -44,6 +44,11 @@ func TestUpAndFastTimers(t *testing.T) {
 		t.Errorf("discriminators do not match: a %+v, b %+v", as, bs)
 	}
 	for name, r := range map[string]*recorder{"a": ra, "b": rb} {
+		// notify runs after Status shows the state: wait for it.
+		waitFor(t, name+"'s notification up", func() bool {
+			got := r.get()
+			return len(got) > 0 && strings.HasSuffix(got[len(got)-1], "->up")
+		})
 		if got := r.get(); len(got) == 0 || !strings.HasSuffix(got[len(got)-1], "->up") || slices.ContainsFunc(got, func(c string) bool { return strings.HasSuffix(c, "->down") }) {
 			t.Errorf("%s notified %v, want changes up and none down", name, got)
 		}
@@ -80,9 +85,10 @@ func TestPeerGoesAway(t *testing.T) {
 			if st.Diag != tt.wantDiag {
 				t.Errorf("a's diag %d, want %d", st.Diag, tt.wantDiag)
 			}
-			if got := ra.get(); got[len(got)-1] != "127.0.0.2 up->down" {
-				t.Errorf("a notified %v, want up->down last", got)
-			}
+			waitFor(t, "a's notification up->down", func() bool {
+				got := ra.get()
+				return len(got) > 0 && got[len(got)-1] == "127.0.0.2 up->down"
+			})
 			if tt.name == "remove" {
 				waitFor(t, "b's notification", func() bool { return len(rb.get()) > nb })
 				if _, ok := b.Status()[addrA]; ok {
@@ -192,9 +198,7 @@ func TestPeerRestartsSession(t *testing.T) {
 	if st.Diag != diagNeighborDown || st.Transitions[Down] != 1 || st.Transitions[Up] != 2 {
 		t.Errorf("a's status %+v, want one down (diag 3) and up again", st)
 	}
-	if got := ra.get(); !slices.Contains(got, "127.0.0.2 up->down") {
-		t.Errorf("a notified %v, want up->down", got)
-	}
+	waitFor(t, "a's notification up->down", func() bool { return slices.Contains(ra.get(), "127.0.0.2 up->down") })
 }
 
 func TestDiscard(t *testing.T) {

@@ -146,7 +146,8 @@ func TestIPv6(t *testing.T) {
 	if st.LocalDiscr != st.RemoteDiscr {
 		t.Errorf("status %+v: a session with itself has one discriminator", st)
 	}
-	if got := r.get(); len(got) < 2 || got[0] != "::1 down->init" {
+	waitFor(t, "the notifications down->init->up", func() bool { return len(r.get()) >= 2 })
+	if got := r.get(); got[0] != "::1 down->init" {
 		t.Errorf("notified %v", got)
 	}
 }
