@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -111,6 +112,24 @@ func TestBFDSessions(t *testing.T) {
 	// A planned restart: hand over, wait less than the detection time,
 	// resume in a new set of sessions. The router must see nothing.
 	waitUp(b)
+	// The router's side of the restarted session must be up, and its
+	// notifications delivered, before the handover is watched.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		mu.Lock()
+		last := ""
+		if len(routerSaw) > 0 {
+			last = routerSaw[len(routerSaw)-1]
+		}
+		mu.Unlock()
+		if rs.Status()[box].State == bfd.Up && strings.HasSuffix(last, "->up") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the router's session not up after the restart: %+v, saw %q", rs.Status()[box], last)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	mu.Lock()
 	routerSaw = nil
 	mu.Unlock()
