@@ -26,11 +26,6 @@ const requestGrace = 15 * time.Second
 // answer may differ from the previous one.
 type fetchFunc func(q *api.QueryOptions) (index uint64, apply func(), err error)
 
-// loop runs fetch as a blocking-query loop, following Consul's rules for
-// the index: block on the last index seen, restart from 0 when it goes
-// backwards (a restored or replaced server), and never block on 0, which
-// Consul answers at once. Every query waits for a token of the loop's
-// bucket, so a service that changes constantly cannot make the loop spin.
 // maxWait is the longest wait Consul accepts for a blocking query.
 const maxWait = 10 * time.Minute
 
@@ -52,6 +47,12 @@ func (s *Source) serviceWait() time.Duration {
 	return min(max(s.opts.Wait, d), max(s.opts.Wait, maxWait))
 }
 
+// loop runs fetch as a blocking-query loop, following Consul's rules for
+// the index: block on the last index seen, restart from 0 when it goes
+// backwards (a restored or replaced server), and never block on 0, which
+// Consul answers at once. Every query waits for a token of the loop's
+// bucket, so a service that changes constantly cannot make the loop spin.
+// waitFor gives each query's longest wait (serviceWait, or optsWait).
 func (s *Source) loop(ctx context.Context, watch string, waitFor func() time.Duration, fetch fetchFunc) {
 	lim := rate.NewLimiter(rate.Every(s.opts.MinInterval), s.opts.Burst)
 	var index uint64
