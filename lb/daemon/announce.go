@@ -107,32 +107,26 @@ func (d *Daemon) stopAnnouncers() {
 	// The routers keep this box's routes for restart_time (graceful
 	// restart); its BFD sessions must stay up as long, or a router that
 	// ties BGP to BFD withdraws them at once.
-	holds := make([]datapath.BFDHold, 0, len(handoff))
 	peers := make([]netip.Addr, 0, len(handoff))
 	for _, h := range handoff {
-		holds = append(holds, datapath.BFDHold{Peer: h.Peer, LocalDiscr: h.LocalDiscr, RemoteDiscr: h.RemoteDiscr, SrcPort: h.SrcPort,
-			DetectMultiplier: h.DetectMultiplier, MinTx: h.MinTx, MinRx: h.MinRx,
-			RemoteDetectMultiplier: h.RemoteDetectMultiplier, RemoteMinTx: h.RemoteMinTx, RemoteMinRx: h.RemoteMinRx})
 		peers = append(peers, h.Peer)
 	}
 	if d.cfg.Datapath.Attach == config.AttachTC {
 		d.log.Warn("the datapath runs at tc, which cannot answer BFD: routers that tie BGP to BFD withdraw this box until the next l4lbd is up; attach at XDP to keep the sessions up", "peers", peers)
 		return
 	}
-	if err := d.dp.HoldBFD(holds, b.RestartTime); err != nil {
+	if err := d.dp.HoldBFD(handoff, b.RestartTime); err != nil {
 		d.log.Error("hand the BFD sessions to the datapath; routers that tie BGP to BFD withdraw this box until the next l4lbd is up", "error", err)
 		return
 	}
 	d.log.Info("the datapath answers BFD for this box until the next l4lbd resumes the sessions", "peers", peers, "for", b.RestartTime)
 }
 
-// savedBFD turns the sessions the datapath held into lb/bfd's form.
+// savedBFD are the sessions the datapath held, as lb/bfd resumes them.
 func savedBFD(held []datapath.BFDHold) []bfd.Saved {
-	var out []bfd.Saved
+	out := make([]bfd.Saved, 0, len(held))
 	for _, h := range held {
-		out = append(out, bfd.Saved{Peer: h.Peer, LocalDiscr: h.LocalDiscr, RemoteDiscr: h.RemoteDiscr, SrcPort: h.SrcPort,
-			DetectMultiplier: h.DetectMultiplier, MinTx: h.MinTx, MinRx: h.MinRx,
-			RemoteDetectMultiplier: h.RemoteDetectMultiplier, RemoteMinTx: h.RemoteMinTx, RemoteMinRx: h.RemoteMinRx})
+		out = append(out, h.Saved)
 	}
 	return out
 }

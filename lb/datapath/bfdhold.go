@@ -11,29 +11,19 @@ import (
 	"github.com/cilium/ebpf"
 
 	"github.com/l4lb/l4lb/bpf"
+	"github.com/l4lb/l4lb/lb/bfd"
 )
 
-// BFDHold is a BFD session the XDP program answers for while l4lbd
-// restarts (bpf/include/bfd.h): the state lb/bfd hands from one process to
-// the next.
+// BFDHold is a BFD session held in the datapath (bpf/include/bfd.h), as
+// read back by the next l4lbd: the session lb/bfd handed over, with the
+// hold's deadline and what the datapath did meanwhile. The session's Local
+// address is not kept (the answer goes out from the address the router
+// sent to).
 type BFDHold struct {
-	// Peer is the router's address.
-	Peer netip.Addr
-	// LocalDiscr and RemoteDiscr are the session's discriminators.
-	LocalDiscr, RemoteDiscr uint32
-	// SrcPort is the UDP source port of l4lbd's control packets.
-	SrcPort uint16
-	// DetectMultiplier, MinTx and MinRx are l4lbd's timers as it sent them.
-	DetectMultiplier uint8
-	MinTx, MinRx     time.Duration
-	// The router's timers as it last sent them, for the next l4lbd (the
-	// datapath does not read them).
-	RemoteDetectMultiplier   uint8
-	RemoteMinTx, RemoteMinRx time.Duration
-	// Until is when the datapath stops answering (read back only).
+	bfd.Saved
+	// Until is when the datapath stops answering.
 	Until time.Time
-	// Answered counts the control packets the datapath answered (read
-	// back only).
+	// Answered counts the control packets the datapath answered.
 	Answered uint64
 }
 
@@ -44,7 +34,7 @@ var errNoBFDHold = errors.New("datapath: this BPF object has no bfd_hold map (an
 // sessions for the next d, replacing what was held before. l4lbd calls it
 // as it stops for a restart; the next l4lbd takes them back with HeldBFD
 // and ReleaseBFD.
-func (d *LB) HoldBFD(sessions []BFDHold, hold time.Duration) error {
+func (d *LB) HoldBFD(sessions []bfd.Saved, hold time.Duration) error {
 	if d.bfdHold == nil {
 		return errNoBFDHold
 	}
@@ -99,19 +89,21 @@ func (d *LB) HeldBFD() ([]BFDHold, error) {
 			continue
 		}
 		out = append(out, BFDHold{
-			Peer:             netip.AddrFrom16(k.Peer).Unmap(),
-			LocalDiscr:       v.LocalDiscr,
-			RemoteDiscr:      v.RemoteDiscr,
-			SrcPort:          v.SrcPort,
-			DetectMultiplier: v.DetectMult,
-			MinTx:            time.Duration(v.MinTxUs) * time.Microsecond,
-			MinRx:            time.Duration(v.MinRxUs) * time.Microsecond,
+			Saved: bfd.Saved{
+				Peer:             netip.AddrFrom16(k.Peer).Unmap(),
+				LocalDiscr:       v.LocalDiscr,
+				RemoteDiscr:      v.RemoteDiscr,
+				SrcPort:          v.SrcPort,
+				DetectMultiplier: v.DetectMult,
+				MinTx:            time.Duration(v.MinTxUs) * time.Microsecond,
+				MinRx:            time.Duration(v.MinRxUs) * time.Microsecond,
 
-			RemoteDetectMultiplier: v.RemoteDetectMult,
-			RemoteMinTx:            time.Duration(v.RemoteMinTxUs) * time.Microsecond,
-			RemoteMinRx:            time.Duration(v.RemoteMinRxUs) * time.Microsecond,
-			Until:                  wall.Add(time.Duration(v.Until - now)),
-			Answered:               v.Answered,
+				RemoteDetectMultiplier: v.RemoteDetectMult,
+				RemoteMinTx:            time.Duration(v.RemoteMinTxUs) * time.Microsecond,
+				RemoteMinRx:            time.Duration(v.RemoteMinRxUs) * time.Microsecond,
+			},
+			Until:    wall.Add(time.Duration(v.Until - now)),
+			Answered: v.Answered,
 		})
 	}
 	if err := it.Err(); err != nil {

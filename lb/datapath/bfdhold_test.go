@@ -14,7 +14,7 @@ import (
 	"github.com/gopacket/gopacket/layers"
 
 	"github.com/l4lb/l4lb/internal/pkttest"
-	"github.com/l4lb/l4lb/lb/datapath"
+	"github.com/l4lb/l4lb/lb/bfd"
 )
 
 // bfdControl is a BFD control packet (RFC 5880 4.1) without
@@ -95,14 +95,14 @@ func TestBFDHold(t *testing.T) {
 				}
 				return e.frame(t, p)
 			}
-			hold := datapath.BFDHold{Peer: router, LocalDiscr: heldLocal, RemoteDiscr: heldRemote, SrcPort: heldSrcPort,
+			hold := bfd.Saved{Peer: router, LocalDiscr: heldLocal, RemoteDiscr: heldRemote, SrcPort: heldSrcPort,
 				DetectMultiplier: 3, MinTx: 300 * time.Millisecond, MinRx: 250 * time.Millisecond,
 				RemoteDetectMultiplier: 4, RemoteMinTx: 200 * time.Millisecond, RemoteMinRx: 100 * time.Millisecond}
 			up := frame(routerUp(), nil)
 
 			// Nothing held: the stack's.
 			e.expectPassed(t, hookXDP, up)
-			if err := e.lb.HoldBFD([]datapath.BFDHold{hold}, time.Minute); err != nil {
+			if err := e.lb.HoldBFD([]bfd.Saved{hold}, time.Minute); err != nil {
 				t.Fatal(err)
 			}
 			for _, poll := range []bool{false, true} {
@@ -155,7 +155,7 @@ func TestBFDHold(t *testing.T) {
 			e.expectPassed(t, hookXDP, up)
 
 			// A deadline passed: not answered, not handed on.
-			if err := e.lb.HoldBFD([]datapath.BFDHold{hold}, time.Millisecond); err != nil {
+			if err := e.lb.HoldBFD([]bfd.Saved{hold}, time.Millisecond); err != nil {
 				t.Fatal(err)
 			}
 			time.Sleep(5 * time.Millisecond)
